@@ -1,0 +1,142 @@
+"""The reducer interface shared by dense, Top-k and gTop-k S-SGD.
+
+A reducer turns this worker's flat fp32 gradient into the update every worker applies
+(already divided by P), owns its error-feedback residual, and reports what it did in a
+``ReduceRecord``. ``reduce`` is a collective call: every rank of the process group must
+call it, in the same order, with a gradient of the same size.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass
+class ReduceRecord:
+    """What one ``reduce`` call did on this rank.
+
+    selected: entries this worker selected (m for dense).
+    bytes_sent / bytes_recv / messages_sent: this rank's traffic (see gtopk.costmodel
+        for which counts are exact and which nominal).
+    t_compr: seconds in local work on the residual (add, top-k selection, put-back).
+    t_commu: seconds in everything of the collective (packing, messages, merges, scatter).
+    """
+
+    selected: int = 0
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+    t_compr: float = 0.0
+    t_commu: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def validate_density(density: float) -> float:
+    """Return density as float, or raise a ValueError naming the setting and the fix."""
+    try:
+        d = float(density)
+    except (TypeError, ValueError):
+        raise ValueError(f"density={density!r} is not a number; set density to a value in (0, 1], e.g. density=0.001") from None
+    if not 0.0 < d <= 1.0:
+        raise ValueError(f"density={density!r} is outside (0, 1]; set density to a value in (0, 1], e.g. density=0.001")
+    return d
+
+
+class Clock:
+    """Wall clock that first waits for queued GPU work on ``device`` (honest timing)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class Reducer(ABC):
+    """Base class: input validation, world info, timing; subclasses implement ``_reduce``."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised; call dist.init_process_group first "
+                "(run.py does this), or use gtopk.reference for a single-process computation"
+            )
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._m: int | None = None
+
+    def peer(self, group_rank: int) -> int:
+        """Global rank of a rank of this reducer's group (for point-to-point calls)."""
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def reduce(self, grad: Tensor) -> tuple[Tensor, ReduceRecord]:
+        """Collective. Aggregate this worker's gradient; return (update, record)."""
+        self._validate(grad)
+        rec = ReduceRecord()
+        return self._reduce(grad, rec, Clock(grad.device)), rec
+
+    @abstractmethod
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor: ...
+
+    def _validate(self, grad: Tensor) -> None:
+        """On the first call, a collective check that all ranks pass the same kind of
+        gradient, so every rank raises the same error instead of hanging; later calls
+        check locally against the first."""
+        mine = _describe(grad)
+        if self._m is not None:
+            if mine != ("torch.float32", 1, self._m):
+                raise ValueError(
+                    f"reducer got a gradient {mine} on rank {self.rank} after {self._m} "
+                    "entries of torch.float32 on the first call; the model must not change"
+                )
+            return
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        bad = {r: d for r, d in enumerate(everyone) if d[0] != "torch.float32" or d[1] != 1}
+        if bad:
+            raise TypeError(
+                "reducer input must be one flat (1-D) torch.float32 gradient per rank; got "
+                + ", ".join(f"rank {r}: dtype {d[0]}, {d[1]}-D" for r, d in bad.items())
+                + ". Fix: flatten the parameters' gradients and cast them with .float()"
+            )
+        sizes = {d[2] for d in everyone}
+        if len(sizes) > 1:
+            raise ValueError(
+                "gradient sizes differ across ranks ("
+                + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone))
+                + " entries); every rank must build the same model"
+            )
+        self._m = mine[2]
+
+
+def _describe(grad: object) -> tuple[str, int, int]:
+    if not isinstance(grad, Tensor):
+        return (type(grad).__name__, -1, -1)
+    return (str(grad.dtype), grad.dim(), grad.numel())
+
+
+class ErrorFeedback:
+    """The residual of one worker (paper's steps 1 and 3), lazily sized to the gradient."""
+
+    def __init__(self) -> None:
+        self.residual: Tensor | None = None
+
+    def accumulate(self, grad: Tensor) -> Tensor:
+        """acc = residual + grad, computed in place: the returned tensor IS the residual
+        buffer, which the caller then masks to leave what stays local."""
+        if self.residual is None:
+            self.residual = grad.detach().clone()
+        else:
+            self.residual.add_(grad)
+        return self.residual

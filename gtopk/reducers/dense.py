@@ -1,0 +1,44 @@
+"""Dense S-SGD: bucketed all-reduce of the full gradient."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import Tensor
+
+from gtopk.costmodel import VALUE_BYTES, dense_traffic
+from gtopk.reducers.base import Clock, ReduceRecord, Reducer
+
+
+class DenseReducer(Reducer):
+    """``update = all_reduce(grad) / P``, issued as asynchronous all-reduces over buckets
+    of ``bucket_mb`` MiB (the last one shorter). Collective: ``dist.all_reduce`` per bucket.
+
+    Traffic in the record is nominal: a ring all-reduce per bucket (see gtopk.costmodel).
+    """
+
+    def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None):
+        super().__init__(group)
+        if not bucket_mb > 0:
+            raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per all-reduce bucket), e.g. 25")
+        self.bucket_numel = max(1, int(bucket_mb * 2**20) // VALUE_BYTES)
+
+    def bucket_sizes(self, m: int) -> list[int]:
+        return [min(self.bucket_numel, m - s) for s in range(0, m, self.bucket_numel)]
+
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
+        t0 = clock()
+        out = grad.detach().clone()
+        if self.world_size > 1:
+            works = [
+                dist.all_reduce(b, group=self.group, async_op=True) for b in out.split(self.bucket_numel)
+            ]
+            for w in works:
+                w.wait()
+            out.div_(self.world_size)
+        t1 = clock()
+        traffic = dense_traffic(self.world_size, self.bucket_sizes(out.numel()))
+        rec.selected = out.numel()
+        rec.messages_sent, rec.bytes_sent, rec.bytes_recv = (
+            traffic.messages_sent, traffic.bytes_sent, traffic.bytes_recv)
+        rec.t_commu = t1 - t0
+        return out

@@ -1,0 +1,104 @@
+"""gTop-k S-SGD: gTopKAllReduce over counted point-to-point messages."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
+from gtopk.reducers.schedules import Payload, recursive_doubling, tree_broadcast, tree_reduce
+from gtopk.reducers.wire import PointToPoint, SparseCodec
+from gtopk.selection import k_for, member_mask, merge, topk_indices
+
+ALGORITHMS = ("tree", "recursive_doubling")
+PUTBACKS = ("index", "exact")
+
+
+class GTopKReducer(Reducer):
+    """Global top-k: local exact top-k with error feedback, then the k-entry sparse
+    vectors are merged (sum at shared indices, keep the k largest |value|, ties to the
+    smaller index) over ``dist.send``/``dist.recv``/``batch_isend_irecv`` (collective as a
+    whole: every rank must call ``reduce``).
+
+    algorithm:
+      ``tree``: binomial tree to rank 0 (ceil(log2 P) rounds), then binomial broadcast.
+      ``recursive_doubling``: partners exchange and both merge; ranks above the largest
+        power of two fold into a partner first and get the result back after.
+    putback:
+      ``index``: the paper's rule, gradient loss included (see gtopk.reference.gtopk).
+      ``exact``: the final indices F are broadcast (indices only), then every rank's
+        full acc[F] is summed by recursive doubling and applied; each rank keeps acc
+        outside F. No gradient is lost.
+    Every message carries 8 bytes per entry (int32 index + float32 value).
+    """
+
+    def __init__(
+        self,
+        density: float,
+        algorithm: str = "tree",
+        putback: str = "index",
+        group: dist.ProcessGroup | None = None,
+    ):
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"reducer.algorithm={algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
+        if putback not in PUTBACKS:
+            raise ValueError(f"reducer.putback={putback!r} is unknown; choose one of {', '.join(PUTBACKS)}")
+        self.density = validate_density(density)  # before any communication
+        super().__init__(group)
+        self.algorithm = algorithm
+        self.putback = putback
+        self.feedback = ErrorFeedback()
+
+    # -- the two ways to find the global set; both return (indices, values or None) --
+    def _tree(self, p2p, codec, sparse, k):
+        P, rank, new = self.world_size, self.rank, codec.empty
+        msg = Payload(lambda s: codec.pack(*s), codec.unpack, codec.nbytes)
+        root = tree_reduce(p2p, rank, P, sparse, lambda a, b: merge(*a, *b, k), msg, new)
+        if self.putback == "index":
+            buf = codec.pack(*root) if rank == 0 else None
+            return codec.unpack(tree_broadcast(p2p, rank, P, buf, codec.nbytes, new))
+        buf = codec.pack_indices(root[0]) if rank == 0 else None
+        return codec.unpack_indices(tree_broadcast(p2p, rank, P, buf, codec.index_nbytes, new)), None
+
+    def _recursive_doubling(self, p2p, codec, sparse, k):
+        msg = Payload(lambda s: codec.pack(*s), codec.unpack, codec.nbytes)
+        back = msg
+        if self.putback == "exact":
+            back = Payload(lambda s: codec.pack_indices(s[0]), lambda b: (codec.unpack_indices(b), None),
+                           codec.index_nbytes)
+        return recursive_doubling(p2p, self.rank, self.world_size, sparse,
+                                  lambda a, b: merge(*a, *b, k), msg, back, codec.empty)
+
+    def _sum_at(self, p2p, codec, values: Tensor) -> Tensor:
+        """Recursive-doubling all-reduce (sum) of a k-vector of float32 values."""
+        as_bytes = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float32), 4 * values.numel())
+        return recursive_doubling(p2p, self.rank, self.world_size, values, lambda a, b: a + b,
+                                  as_bytes, as_bytes, codec.empty)
+
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
+        P, m = self.world_size, grad.numel()
+        k = k_for(self.density, m)
+        t0 = clock()
+        acc = self.feedback.accumulate(grad)
+        sel = topk_indices(acc, k)
+        sparse = (sel, acc[sel])
+        t1 = clock()
+        p2p = PointToPoint(rec, self.peer, self.group)
+        codec = SparseCodec(k, m, grad.device)
+        schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
+        final_idx, final_val = schedule(p2p, codec, sparse, k)
+        if self.putback == "exact":
+            final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
+        update = torch.zeros_like(acc)
+        update[final_idx] = final_val / P
+        t2 = clock()
+        if self.putback == "exact":
+            acc[final_idx] = 0
+        else:
+            acc[sel[member_mask(final_idx, sel)]] = 0
+        t3 = clock()
+        rec.selected = k
+        rec.t_compr = (t1 - t0) + (t3 - t2)
+        rec.t_commu = t2 - t1
+        return update

@@ -1,0 +1,75 @@
+"""Communication schedules built from counted point-to-point calls (all collective).
+
+Each function is called by every rank of the group with its own ``item``; ``Payload``
+says how an item travels (encode to a uint8 buffer of ``nbytes``, decode back).
+``combine(own, received)`` must be commutative bit for bit (sums, gTop-k merges), so that
+both partners of an exchange compute the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import Tensor
+
+from gtopk.costmodel import log2_ceil
+from gtopk.reducers.wire import PointToPoint
+
+
+@dataclass(frozen=True)
+class Payload:
+    encode: Callable[[Any], Tensor]
+    decode: Callable[[Tensor], Any]
+    nbytes: int
+
+
+def tree_reduce(p2p: PointToPoint, rank: int, P: int, item: Any, combine, msg: Payload, new_buf) -> Any:
+    """Binomial tree to rank 0: in round r, rank i with i % 2^(r+1) == 0 receives from
+    i + 2^r (if it exists) and combines; the sender then drops out. Returns the combined
+    item on rank 0 and None on every other rank. ceil(log2 P) rounds."""
+    for r in range(log2_ceil(P)):
+        step = 1 << r
+        if rank % (2 * step) == step:
+            p2p.send(msg.encode(item), rank - step)
+            return None
+        if rank + step < P:
+            item = combine(item, msg.decode(p2p.recv(new_buf(msg.nbytes), rank + step)))
+    return item
+
+
+def tree_broadcast(p2p: PointToPoint, rank: int, P: int, buf: Tensor | None, nbytes: int, new_buf) -> Tensor:
+    """Binomial broadcast from rank 0 along the same tree, reversed (rank 0 passes ``buf``,
+    the others None). Returns the buffer on every rank."""
+    for r in reversed(range(log2_ceil(P))):
+        step = 1 << r
+        if rank % (2 * step) == 0:
+            if rank + step < P:
+                p2p.send(buf, rank + step)
+        elif rank % (2 * step) == step:
+            buf = p2p.recv(new_buf(nbytes), rank - step)
+    return buf
+
+
+def recursive_doubling(
+    p2p: PointToPoint, rank: int, P: int, item: Any, combine, msg: Payload, back: Payload, new_buf
+) -> Any:
+    """Recursive doubling with folding for any P.
+
+    With P2 the largest power of two <= P: rank i >= P2 sends its item to i - P2, which
+    combines it; the ranks below P2 exchange with partner i XOR 2^s for s = 0..log2(P2)-1
+    and combine; finally rank i - P2 sends the result (as ``back``) to rank i. Every rank
+    returns the final item (ranks >= P2 get ``back.decode`` of it).
+    """
+    P2 = 1 << (P.bit_length() - 1)
+    if rank >= P2:
+        p2p.send(msg.encode(item), rank - P2)
+        return back.decode(p2p.recv(new_buf(back.nbytes), rank - P2))
+    if rank + P2 < P:
+        item = combine(item, msg.decode(p2p.recv(new_buf(msg.nbytes), rank + P2)))
+    for s in range(P2.bit_length() - 1):
+        theirs = p2p.exchange(msg.encode(item), new_buf(msg.nbytes), rank ^ (1 << s))
+        item = combine(item, msg.decode(theirs))
+    if rank + P2 < P:
+        p2p.send(back.encode(item), rank + P2)
+    return item
