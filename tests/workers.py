@@ -114,8 +114,24 @@ def bad_gradient(rank: int, P: int, kind: str, mode: str) -> str:
     return "no error"
 
 
-def run_hand_case(rank: int, P: int, kind: str, options: dict, accs: list[torch.Tensor], k: int):
-    """One step on hand-built accumulated vectors (residual starts at zero)."""
-    reducer = build(Case(kind, accs[0].numel(), density=k / accs[0].numel(), options=options))
-    update, _ = reducer.reduce(accs[rank].clone())
-    return update, reducer.feedback.residual
+def run_hand_cases(rank: int, P: int, configs: list[tuple[str, dict]], accs: list[torch.Tensor], k: int):
+    """One step per (kind, options) on hand-built accumulated vectors (zero residual)."""
+    out = []
+    for kind, options in configs:
+        reducer = build(Case(kind, accs[0].numel(), density=k / accs[0].numel(), options=options))
+        update, _ = reducer.reduce(accs[rank].clone())
+        out.append((update, reducer.feedback.residual))
+    return out
+
+
+def fail_on_rank1(rank: int, P: int, how: str) -> None:
+    """Rank 1 raises or SIGKILLs itself; the others wait in a collective forever."""
+    import os
+    import signal
+
+    if rank == 1:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("injected failure on rank 1")
+    dist.barrier()
+    dist.barrier()
