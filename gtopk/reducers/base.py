@@ -80,6 +80,10 @@ class Reducer(ABC):
         """Global rank of a rank of this reducer's group (for point-to-point calls)."""
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
+    def wrap(self, model: "torch.nn.Module") -> "torch.nn.Module":
+        """The module the training loop runs forward/backward on (DDP wraps it)."""
+        return model
+
     def reduce(self, grad: Tensor) -> tuple[Tensor, ReduceRecord]:
         """Collective. Aggregate this worker's gradient; return (update, record)."""
         self._validate(grad)

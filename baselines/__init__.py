@@ -1,0 +1,1 @@
+"""What the reducers are compared against."""

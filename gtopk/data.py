@@ -1,0 +1,135 @@
+"""Datasets and loaders: CIFAR-10 (torchvision), ImageNet (ImageFolder), synthetic tensors.
+
+Each family is a ``DataSource`` that Hydra instantiates from ``conf/data/<name>.yaml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+CIFAR_MEAN, CIFAR_STD = (0.491, 0.482, 0.447), (0.247, 0.243, 0.262)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class DataError(ValueError):
+    """A dataset is missing or malformed."""
+
+
+class SyntheticDataset(Dataset):
+    """Random images and labels of the right shapes, fixed by seed (no disk, no download)."""
+
+    def __init__(self, shape: tuple[int, ...], num_classes: int, size: int, seed: int = 0):
+        self.shape, self.num_classes, self.size, self.seed = tuple(shape), num_classes, size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        return torch.randn(self.shape, generator=g), int(torch.randint(self.num_classes, (1,), generator=g))
+
+
+class DataSource:
+    """A dataset family; Hydra builds one from ``cfg.data`` (``_target_``).
+
+    ``check()`` runs in the launching process before any worker starts; ``datasets()`` runs
+    in each worker and returns (train, test) with the paper's augmentations.
+    """
+
+    name = "base"
+
+    def check(self) -> None:
+        """Raise DataError naming the path looked at and how to get the data."""
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        raise NotImplementedError
+
+
+class Synthetic(DataSource):
+    name = "synthetic"
+
+    def __init__(self, shape: list[int], num_classes: int, train_size: int = 1024,
+                 test_size: int = 256, seed: int = 0):
+        self.shape, self.num_classes = tuple(shape), num_classes
+        self.train_size, self.test_size, self.seed = train_size, test_size, seed
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        return (SyntheticDataset(self.shape, self.num_classes, self.train_size, self.seed),
+                SyntheticDataset(self.shape, self.num_classes, self.test_size, self.seed + 1))
+
+
+class Cifar10(DataSource):
+    """torchvision's CIFAR10 (python pickles) under ``root/cifar-10-batches-py``."""
+
+    name = "cifar10"
+    FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+
+    def __init__(self, root: str, download: bool = False):
+        self.root = Path(root).expanduser()
+        self.download = download
+
+    def check(self) -> None:
+        folder = self.root / "cifar-10-batches-py"
+        missing = [n for n in self.FILES if not (folder / n).is_file()]
+        if missing and not self.download:
+            raise DataError(
+                f"CIFAR-10 not found: looked for {', '.join(missing)} in {folder}. Fix: extract "
+                f"cifar-10-python.tar.gz under data.root={self.root}, or pass data.download=true."
+            )
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        from torchvision import datasets, transforms as T
+
+        norm = T.Normalize(CIFAR_MEAN, CIFAR_STD)
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        test_tf = T.Compose([T.ToTensor(), norm])
+        try:
+            return (datasets.CIFAR10(str(self.root), True, train_tf, download=self.download),
+                    datasets.CIFAR10(str(self.root), False, test_tf, download=False))
+        except Exception as e:  # corrupt pickles, failed integrity check
+            raise DataError(
+                f"CIFAR-10 under {self.root / 'cifar-10-batches-py'} could not be read ({e}). "
+                "Fix: re-extract cifar-10-python.tar.gz there, or pass data.download=true."
+            ) from e
+
+
+class ImageNet(DataSource):
+    """ILSVRC-2012 as ImageFolders: ``root/train/<class>/*`` and ``root/val/<class>/*``."""
+
+    name = "imagenet"
+
+    def __init__(self, root: str):
+        self.root = Path(root).expanduser()
+
+    def check(self) -> None:
+        for split in ("train", "val"):
+            folder = self.root / split
+            if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
+                raise DataError(
+                    f"ImageNet not found: {folder} is not a folder of class sub-folders. Fix: lay "
+                    "out ILSVRC-2012 as data.root/train/<class>/*.JPEG and data.root/val/<class>/"
+                    f"*.JPEG (data.root={self.root})."
+                )
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        from torchvision import datasets, transforms as T
+
+        norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+        train_tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        test_tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), norm])
+        return (datasets.ImageFolder(str(self.root / "train"), train_tf),
+                datasets.ImageFolder(str(self.root / "val"), test_tf))
+
+
+def build_loader(dataset: Dataset, batch_size: int, rank: int, world: int, train: bool,
+                 seed: int, workers: int) -> tuple[DataLoader, DistributedSampler]:
+    """Per-rank loader over this rank's DistributedSampler partition."""
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=train,
+                                 seed=seed, drop_last=train)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                        drop_last=train, persistent_workers=workers > 0,
+                        pin_memory=torch.cuda.is_available())
+    return loader, sampler

@@ -1,0 +1,212 @@
+"""The one training loop shared by every reducer (runs in each worker process).
+
+Per step: forward + backward (over ``grad_accum`` micro-batches), flatten the gradients
+into one fp32 vector, ``reducer.reduce`` (collective), unflatten the update into ``.grad``,
+SGD step (momentum and weight decay after aggregation). ``mode=benchmark`` times
+``benchmark.warmup + benchmark.iters`` steps; ``mode=train`` runs epochs with evaluation,
+LR and density schedules, and a checkpoint per epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from gtopk.data import build_loader
+from gtopk.recipe import DensitySchedule, LRSchedule
+from gtopk.records import JsonLines, environment, summarize, write_json_atomic
+from gtopk.reporting import Progress, WandbLogger
+from gtopk.state import Checkpoints, broadcast_and_check
+
+
+def pick_device(cfg: DictConfig, local_rank: int) -> torch.device:
+    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Worker:
+    """State of one rank: model, reducer, optimiser, loaders, clocks and record files."""
+
+    def __init__(self, rank: int, world: int, cfg: DictConfig, run_dir: Path, device: torch.device):
+        self.rank, self.world, self.cfg, self.run_dir, self.device = rank, world, cfg, run_dir, device
+        torch.manual_seed(cfg.seed)
+        self.model = instantiate(cfg.model.net).to(device)
+        broadcast_and_check(self.model)  # same initial weights everywhere (collective)
+        self.reducer = instantiate(cfg.reducer)
+        self.net = self.reducer.wrap(self.model)  # DDP wraps; the others return the model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.m = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(self.m, device=device)
+        self.opt = torch.optim.SGD(self.params, lr=cfg.model.lr, momentum=cfg.model.momentum,
+                                   weight_decay=cfg.model.weight_decay)
+        train_set, test_set = instantiate(cfg.data).datasets()
+        workers = cfg.train.loader_workers if cfg.mode == "train" else 0
+        self.train_loader, self.sampler = build_loader(train_set, cfg.batch_size, rank, world, True, cfg.seed, workers)
+        self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
+        self.iters = JsonLines(run_dir / f"iters.rank{rank}.jsonl")
+        self.clock = (lambda: (torch.cuda.synchronize(), time.perf_counter())[1]) if device.type == "cuda" \
+            else time.perf_counter
+
+    # -- one optimisation step ------------------------------------------------------
+    def step(self, fetch, lr: float) -> dict:
+        """One step; ``fetch()`` returns the list of micro-batches (timed as t_data)."""
+        clock, t = self.clock, {}
+        t0 = clock()
+        batches = [(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in fetch()]
+        t1 = clock()
+        self.opt.zero_grad(set_to_none=False)
+        loss_sum = 0.0
+        for x, y in batches:
+            loss = F.cross_entropy(self.net(x), y) / len(batches)
+            loss.backward()
+            loss_sum += loss.item()
+        t2 = clock()
+        torch.cat([p.grad.reshape(-1) for p in self.params], out=self.flat)
+        update, rec = self.reducer.reduce(self.flat)
+        t3 = clock()
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(update[offset:offset + n].view_as(p))
+            offset += n
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.step()
+        t4 = clock()
+        t.update(t_data=t1 - t0, t_compute=t2 - t1, t_compr=rec.t_compr, t_commu=rec.t_commu,
+                 t_update=(t4 - t3) + (t3 - t2 - rec.t_compr - rec.t_commu), t_iter=t4 - t0,
+                 loss=loss_sum, lr=lr, density=getattr(self.reducer, "density", 1.0))
+        t.update(bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent,
+                 selected=rec.selected)
+        return t
+
+    def groups(self, epoch: int):
+        """This epoch's stream of lists of ``grad_accum`` micro-batches."""
+        self.sampler.set_epoch(epoch)
+        group = []
+        for b in self.train_loader:
+            group.append(b)
+            if len(group) == self.cfg.grad_accum:
+                yield group
+                group = []
+
+    def endless(self):
+        """Epochs chained (benchmark mode)."""
+        epoch = 0
+        while True:
+            yield from self.groups(epoch)
+            epoch += 1
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Test loss and top-1 over all ranks' partitions (collective: all_reduce)."""
+        self.net.eval()
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        for x, y in self.test_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            out = self.net(x)
+            sums += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
+                                  (out.argmax(1) == y).sum().item(), y.numel()],
+                                 device=self.device, dtype=torch.float64)
+        self.net.train()
+        dist.all_reduce(sums)
+        return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
+
+
+def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | None:
+    """Entry point of one rank (after the process group exists). Returns the summary on
+    rank 0 and None elsewhere."""
+    cfg = OmegaConf.create(cfg_dict)
+    run_dir = Path(run_dir)
+    device = pick_device(cfg, int(__import__("os").environ.get("LOCAL_RANK", rank)))
+    w = Worker(rank, world, cfg, run_dir, device)
+    meta = {"reducer": cfg.reducer_name, "model": cfg.model_name, "data": cfg.data_name,
+            "params": w.m, "nodes": world, "density": cfg.density, "mode": cfg.mode,
+            "batch_per_worker": cfg.batch_size, "grad_accum_steps": cfg.grad_accum,
+            "device": str(device), "backend": dist.get_backend()}
+    logger = WandbLogger(cfg, run_dir, meta) if rank == 0 else None
+    progress = Progress(enabled=rank == 0, every_s=cfg.logger.progress_every_s)
+    try:
+        if cfg.mode == "train":
+            train(w, cfg, logger, progress)
+        else:
+            benchmark(w, cfg, logger, progress)
+        rows = gather_rows(w)
+        if rank != 0:
+            return None
+        summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum)
+        summary["env"] = environment(str(device), dist.get_backend())
+        write_json_atomic(run_dir / "summary.json", summary)
+        if logger:
+            logger.summary(summary)
+        return summary
+    finally:
+        w.iters.close()
+        if logger:
+            logger.finish()
+
+
+def gather_rows(w: Worker) -> list[dict]:
+    """Every rank's per-iteration rows, on rank 0 (collective: all_gather_object)."""
+    mine = [r for r in w.rows] if hasattr(w, "rows") else []
+    everyone: list = [None] * w.world
+    dist.all_gather_object(everyone, mine)
+    return [row for rows in everyone for row in rows]
+
+
+def _record(w: Worker, row: dict, logger) -> None:
+    w.iters.write(row)
+    w.rows = getattr(w, "rows", []) + [row]
+    if logger and not row.get("warmup"):
+        logger.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+
+def benchmark(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
+    total = cfg.benchmark.warmup + cfg.benchmark.iters
+    stream = w.endless()
+    for it in range(total):
+        row = w.step(lambda: next(stream), cfg.model.lr)
+        row.update(rank=w.rank, iter=it, warmup=it < cfg.benchmark.warmup)
+        _record(w, row, logger)
+        progress.show(f"iter {it + 1}/{total} t_iter {row['t_iter']:.3f}s "
+                      f"{cfg.batch_size * cfg.grad_accum / row['t_iter']:.1f} img/s/worker")
+
+
+def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
+    lr_at = LRSchedule(cfg.model.lr, w.world, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
+    density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
+    ckpt = Checkpoints(w.run_dir / "checkpoint", w.rank)
+    start = ckpt.load(w)  # next epoch to run (0 when starting fresh)
+    per_epoch = len(w.train_loader) // cfg.grad_accum
+    if cfg.train.max_iters_per_epoch:
+        per_epoch = min(per_epoch, cfg.train.max_iters_per_epoch)
+    epochs_log = JsonLines(w.run_dir / "epochs.jsonl") if w.rank == 0 else None
+    it_global = start * per_epoch
+    for epoch in range(start, cfg.train.epochs):
+        if hasattr(w.reducer, "density"):
+            w.reducer.density = density_at(epoch)
+        stream, losses = w.groups(epoch), []
+        for it in range(per_epoch):
+            row = w.step(lambda: next(stream), lr_at(epoch, it, per_epoch))
+            row.update(rank=w.rank, iter=it_global, epoch=epoch, warmup=it_global < cfg.benchmark.warmup)
+            _record(w, row, logger)
+            losses.append(row["loss"])
+            it_global += 1
+            progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {row['loss']:.3f}")
+        metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
+        if epochs_log:
+            epochs_log.write(metrics)
+            progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)
+        if logger:
+            logger.log(metrics)
+        ckpt.save(w, epoch)
+    if epochs_log:
+        epochs_log.close()
