@@ -7,6 +7,8 @@ and its communication time is hidden inside t_compute. Select with ``reducer=ddp
 
 from __future__ import annotations
 
+import warnings
+
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -27,8 +29,11 @@ class DDPReducer(Reducer):
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:
             return model
-        return DistributedDataParallel(model, bucket_cap_mb=self.bucket_mb, process_group=self.group,
-                                       broadcast_buffers=False)
+        with warnings.catch_warnings():  # broadcast_buffers' deprecation notice; we want no syncing
+            warnings.simplefilter("ignore", FutureWarning)
+            # BN statistics stay per rank, as in the paper (buffers were broadcast at start)
+            return DistributedDataParallel(model, bucket_cap_mb=self.bucket_mb, process_group=self.group,
+                                           broadcast_buffers=False)
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         n = max(1, int(self.bucket_mb * 2**20) // VALUE_BYTES)

@@ -22,7 +22,7 @@ from gtopk.data import build_loader
 from gtopk.recipe import DensitySchedule, LRSchedule
 from gtopk.records import JsonLines, environment, summarize, write_json_atomic
 from gtopk.reporting import Progress, WandbLogger
-from gtopk.state import Checkpoints, broadcast_and_check
+from gtopk.state import Checkpoints, assert_identical, broadcast_and_check
 
 
 def pick_device(cfg: DictConfig, local_rank: int) -> torch.device:
@@ -139,10 +139,12 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
             train(w, cfg, logger, progress)
         else:
             benchmark(w, cfg, logger, progress)
+        assert_identical(w.model)  # collective: every reducer must keep the replicas equal
         rows = gather_rows(w)
         if rank != 0:
             return None
         summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum)
+        summary["weights_identical_across_ranks"] = True
         summary["env"] = environment(str(device), dist.get_backend())
         write_json_atomic(run_dir / "summary.json", summary)
         if logger:
