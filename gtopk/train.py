@@ -187,6 +187,8 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
     ckpt = Checkpoints(w.run_dir / "checkpoint", w.rank)
     start = ckpt.load(w)  # next epoch to run (0 when starting fresh)
+    if start:
+        progress.show(f"resuming from the checkpoint of epoch {start - 1}", force=True)
     per_epoch = len(w.train_loader) // cfg.grad_accum
     if cfg.train.max_iters_per_epoch:
         per_epoch = min(per_epoch, cfg.train.max_iters_per_epoch)
@@ -204,11 +206,11 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
             it_global += 1
             progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {row['loss']:.3f}")
         metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
+        ckpt.save(w, epoch)  # before the epoch is recorded: a recorded epoch is never re-run
         if epochs_log:
             epochs_log.write(metrics)
             progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)
         if logger:
             logger.log(metrics)
-        ckpt.save(w, epoch)
     if epochs_log:
         epochs_log.close()
