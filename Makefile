@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all clean-venv
+.PHONY: help setup test test-all wandb-sync clean-venv
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -27,6 +27,10 @@ test: setup  ## Run the default test suite (CPU, gloo on loopback)
 
 test-all: setup  ## Run every test, the slow ones included
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+
+wandb-sync: setup  ## Upload offline wandb runs under runs/ (needs `wandb login`)
+	@runs=$$(find runs -type d -name 'offline-run-*' 2>/dev/null); \
+	if [ -z "$$runs" ]; then echo "no offline wandb runs under runs/"; else $(VENV)/bin/wandb sync $$runs; fi
 
 clean-venv:  ## Remove the virtual environment
 	rm -rf $(VENV)
