@@ -57,20 +57,39 @@ def resolve_backend(cfg: DictConfig) -> str:
     return "nccl" if use_cuda else "gloo"
 
 
+def job_position() -> str:
+    """'job i of n' within a basic-launcher sweep (n from the sweep's multirun.yaml)."""
+    hc = HydraConfig.get()
+    num = OmegaConf.select(hc, "job.num", default=None)
+    if num is None:
+        return "job"
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        task = OmegaConf.load(Path(hc.sweep.dir) / "multirun.yaml").hydra.overrides.task
+        n = 1
+        for o in OverridesParser.create().parse_overrides(list(task)):
+            if o.is_sweep_override():
+                n *= len(list(o.sweep_string_iterator()))
+        return f"job {num + 1} of {n}"
+    except Exception:  # noqa: BLE001 - other sweepers: the index alone
+        return f"job {num + 1}"
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """Run the job described by ``cfg``; returns images/s per worker (None when skipped)."""
     validate(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     summary_path = run_dir / SUMMARY
     if summary_path.exists():
-        print(f"skipping {run_dir}: {SUMMARY} exists (delete it to re-run)")
+        print(f"{job_position()}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
         return json.loads(summary_path.read_text()).get("images_per_s_per_worker")
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     backend = resolve_backend(cfg)
     world = torchrun_world()
     if world is None:
-        print(f"job {OmegaConf.select(HydraConfig.get(), 'job.num', default=0)}: {run_dir} ({cfg.nodes} workers, {backend})", flush=True)
+        print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend})", flush=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         summary = spawn(run_worker, cfg.nodes, (cfg_dict, str(run_dir)), backend=backend,
                         timeout=cfg.timeout_s)[0]

@@ -160,3 +160,14 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     assert epochs == [0, 1, 2, 3], (done_before, epochs)  # nothing lost, nothing repeated
     assert "resuming from the checkpoint of epoch" in out.stderr
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_torchrun_world_is_joined_not_spawned(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "run.py"),
+         "nodes=2", "model.batch_size.benchmark=4", "benchmark.iters=2", "logger.wandb=false",
+         f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["nodes"] == 2 and s["iterations"] == 4
+    assert (tmp_path / "iters.rank1.jsonl").exists()
