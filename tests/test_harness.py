@@ -97,7 +97,7 @@ def run_py(*args: str, timeout: int = 600, **popen) -> subprocess.CompletedProce
 
 def test_benchmark_sweep_end_to_end_and_rerun_skips(tmp_path):
     args = ["-m", f"hydra.sweep.dir={tmp_path}", "reducer=dense,topk,gtopk,ddp", "nodes=1,2,4",
-            "model.batch_size.benchmark=4", "benchmark.warmup=1", "benchmark.iters=2",
+            "batch_size=4", "benchmark.warmup=1", "benchmark.iters=2",
             "data.train_size=64", "logger.wandb=false", "density=0.01"]
     out = run_py(*args)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -165,7 +165,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
 def test_torchrun_world_is_joined_not_spawned(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "run.py"),
-         "nodes=2", "model.batch_size.benchmark=4", "benchmark.iters=2", "logger.wandb=false",
+         "nodes=2", "batch_size=4", "benchmark.iters=2", "logger.wandb=false",
          f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
