@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import warnings
 
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gtopk.costmodel import VALUE_BYTES, dense_traffic
-from gtopk.reducers.base import Clock, ReduceRecord, Reducer
+from gtopk.costmodel import dense_traffic
+from gtopk.reducers.base import Clock, ReduceRecord
+from gtopk.reducers.dense import DenseReducer
 
 
-class DDPReducer(Reducer):
-    """Collective work happens in DDP's backward hooks (``all_reduce`` per bucket)."""
-
-    def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None):
-        super().__init__(group)
-        if not bucket_mb > 0:
-            raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per DDP bucket), e.g. 25")
-        self.bucket_mb = bucket_mb
+class DDPReducer(DenseReducer):
+    """Collective work happens in DDP's backward hooks (``all_reduce`` per bucket); the
+    record reports the same nominal ring traffic as ``DenseReducer``."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:
@@ -36,10 +31,6 @@ class DDPReducer(Reducer):
                                            broadcast_buffers=False)
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
-        n = max(1, int(self.bucket_mb * 2**20) // VALUE_BYTES)
-        m = grad.numel()
-        traffic = dense_traffic(self.world_size, [min(n, m - s) for s in range(0, m, n)])
-        rec.selected = m
-        rec.messages_sent, rec.bytes_sent, rec.bytes_recv = (
-            traffic.messages_sent, traffic.bytes_sent, traffic.bytes_recv)
+        rec.selected = grad.numel()
+        rec.set_traffic(dense_traffic(self.world_size, self.bucket_sizes(grad.numel())))
         return grad

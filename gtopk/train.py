@@ -9,7 +9,7 @@ LR and density schedules, and a checkpoint per epoch.
 
 from __future__ import annotations
 
-import time
+import os
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.data import build_loader
+from gtopk.reducers.base import Clock
 from gtopk.recipe import DensitySchedule, LRSchedule
 from gtopk.records import JsonLines, environment, summarize, write_json_atomic
 from gtopk.reporting import Progress, WandbLogger
@@ -52,8 +53,8 @@ class Worker:
         self.train_loader, self.sampler = build_loader(train_set, cfg.batch_size, rank, world, True, cfg.seed, workers)
         self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
         self.iters = JsonLines(run_dir / f"iters.rank{rank}.jsonl")
-        self.clock = (lambda: (torch.cuda.synchronize(), time.perf_counter())[1]) if device.type == "cuda" \
-            else time.perf_counter
+        self.clock = Clock(device)
+        self.rows: list[dict] = []  # this rank's per-iteration rows, for the summary
 
     # -- one optimisation step ------------------------------------------------------
     def step(self, fetch, lr: float) -> dict:
@@ -126,7 +127,7 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
     rank 0 and None elsewhere."""
     cfg = OmegaConf.create(cfg_dict)
     run_dir = Path(run_dir)
-    device = pick_device(cfg, int(__import__("os").environ.get("LOCAL_RANK", rank)))
+    device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", rank)))
     w = Worker(rank, world, cfg, run_dir, device)
     meta = {"reducer": cfg.reducer_name, "model": cfg.model_name, "data": cfg.data_name,
             "params": w.m, "nodes": world, "density": cfg.density, "mode": cfg.mode,
@@ -158,15 +159,14 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
 
 def gather_rows(w: Worker) -> list[dict]:
     """Every rank's per-iteration rows, on rank 0 (collective: all_gather_object)."""
-    mine = [r for r in w.rows] if hasattr(w, "rows") else []
     everyone: list = [None] * w.world
-    dist.all_gather_object(everyone, mine)
+    dist.all_gather_object(everyone, w.rows)
     return [row for rows in everyone for row in rows]
 
 
 def _record(w: Worker, row: dict, logger) -> None:
     w.iters.write(row)
-    w.rows = getattr(w, "rows", []) + [row]
+    w.rows.append(row)
     if logger and not row.get("warmup"):
         logger.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
 

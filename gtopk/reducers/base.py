@@ -38,6 +38,12 @@ class ReduceRecord:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def set_traffic(self, traffic) -> None:
+        """Copy a ``gtopk.costmodel.Traffic`` (nominal counts of a backend collective)."""
+        self.messages_sent = traffic.messages_sent
+        self.bytes_sent = traffic.bytes_sent
+        self.bytes_recv = traffic.bytes_recv
+
 
 def validate_density(density: float) -> float:
     """Return density as float, or raise a ValueError naming the setting and the fix."""

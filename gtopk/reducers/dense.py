@@ -19,7 +19,8 @@ class DenseReducer(Reducer):
     def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None):
         super().__init__(group)
         if not bucket_mb > 0:
-            raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per all-reduce bucket), e.g. 25")
+            raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
+        self.bucket_mb = bucket_mb
         self.bucket_numel = max(1, int(bucket_mb * 2**20) // VALUE_BYTES)
 
     def bucket_sizes(self, m: int) -> list[int]:
@@ -36,9 +37,7 @@ class DenseReducer(Reducer):
                 w.wait()
             out.div_(self.world_size)
         t1 = clock()
-        traffic = dense_traffic(self.world_size, self.bucket_sizes(out.numel()))
         rec.selected = out.numel()
-        rec.messages_sent, rec.bytes_sent, rec.bytes_recv = (
-            traffic.messages_sent, traffic.bytes_sent, traffic.bytes_recv)
+        rec.set_traffic(dense_traffic(self.world_size, self.bucket_sizes(out.numel())))
         rec.t_commu = t1 - t0
         return out

@@ -62,8 +62,7 @@ class TopKReducer(Reducer):
         t3 = clock()
         traffic = topk_traffic(P, k, m)
         rec.selected = k
-        rec.messages_sent, rec.bytes_sent, rec.bytes_recv = (
-            traffic.messages_sent, traffic.bytes_sent, traffic.bytes_recv)
+        rec.set_traffic(traffic)
         rec.t_compr = (t1 - t0) + (t3 - t2)
         rec.t_commu = t2 - t1
         return update
