@@ -21,6 +21,9 @@ class DDPReducer(DenseReducer):
     """Collective work happens in DDP's backward hooks (``all_reduce`` per bucket); the
     record reports the same nominal ring traffic as ``DenseReducer``."""
 
+    #: the model (gtopk.perfmodel) takes max(t_compute, t_commu) instead of their sum
+    overlaps_backward = True
+
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:
             return model

@@ -15,7 +15,10 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from gtopk.cluster import ClusterError
+from gtopk.compute import ProfileError
 
 from gtopk.launch import spawn
 from gtopk.reducers import validate_density
@@ -40,7 +43,13 @@ def validate(cfg: DictConfig) -> None:
     if cfg.benchmark.iters < 1:
         raise ConfigError(f"benchmark.iters={cfg.benchmark.iters} must be >= 1")
     get_class(cfg.reducer._target_)  # importable
-    instantiate(cfg.data).check()
+    compute = instantiate(cfg.compute)
+    if compute.needs_data:
+        instantiate(cfg.data).check()
+    try:
+        instantiate(cfg.cluster).check(cfg.nodes)
+    except ClusterError as e:
+        raise ConfigError(str(e)) from None
 
 
 def torchrun_world() -> tuple[int, int] | None:
@@ -84,6 +93,11 @@ def run_job(cfg: DictConfig) -> float | None:
     if summary_path.exists():
         print(f"{job_position()}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
         return json.loads(summary_path.read_text()).get("images_per_s_per_worker")
+    try:
+        with open_dict(cfg):
+            cfg.compute.update(instantiate(cfg.compute).resolve(cfg))  # e.g. replay's t_compute
+    except ProfileError as e:
+        raise ConfigError(str(e)) from None
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     backend = resolve_backend(cfg)
@@ -91,12 +105,16 @@ def run_job(cfg: DictConfig) -> float | None:
     if world is None:
         print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend})", flush=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        summary = spawn(run_worker, cfg.nodes, (cfg_dict, str(run_dir)), backend=backend,
-                        timeout=cfg.timeout_s)[0]
+        with instantiate(cfg.cluster).up(cfg.nodes) as placement:  # torn down on any exit
+            summary = spawn(run_worker, cfg.nodes, (cfg_dict, str(run_dir)), backend=backend,
+                            timeout=cfg.timeout_s, placement=placement)[0]
     else:
         rank, size = world
         if size != cfg.nodes:
             raise ConfigError(f"nodes={cfg.nodes} but torchrun started WORLD_SIZE={size}; pass nodes={size}")
+        if cfg.cluster_name != "local":
+            raise ConfigError(f"cluster={cfg.cluster_name} under torchrun: torchrun's world is the cluster; "
+                              "pass cluster=local")
         if rank == 0:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))

@@ -9,6 +9,7 @@ LR and density schedules, and a checkpoint per epoch.
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.data import build_loader
-from gtopk.reducers.base import Clock
+from gtopk.faults import FaultInjector, FaultSpec, NonFiniteGuard
+from gtopk.launch import heartbeat
+from gtopk.reducers.base import Clock, ReduceRecord
 from gtopk.recipe import DensitySchedule, LRSchedule
 from gtopk.records import JsonLines, environment, summarize, write_json_atomic
 from gtopk.reporting import Progress, WandbLogger
@@ -48,31 +51,47 @@ class Worker:
         self.flat = torch.zeros(self.m, device=device)
         self.opt = torch.optim.SGD(self.params, lr=cfg.model.lr, momentum=cfg.model.momentum,
                                    weight_decay=cfg.model.weight_decay)
-        train_set, test_set = instantiate(cfg.data).datasets()
-        workers = cfg.train.loader_workers if cfg.mode == "train" else 0
-        self.train_loader, self.sampler = build_loader(train_set, cfg.batch_size, rank, world, True, cfg.seed, workers)
-        self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
-        self.iters = JsonLines(run_dir / f"iters.rank{rank}.jsonl")
         self.clock = Clock(device)
+        self.compute = instantiate(cfg.compute)  # measured forward/backward, or a replay
+        self.compute.prepare(self)
+        self.train_loader = self.test_loader = self.sampler = None
+        if self.compute.needs_data:
+            train_set, test_set = instantiate(cfg.data).datasets()
+            workers = cfg.train.loader_workers if cfg.mode == "train" else 0
+            self.train_loader, self.sampler = build_loader(train_set, cfg.batch_size, rank, world, True, cfg.seed, workers)
+            self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
+        self.iters = JsonLines(run_dir / f"iters.rank{rank}.jsonl")
         self.rows: list[dict] = []  # this rank's per-iteration rows, for the summary
+        self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)  # fault.* (tests)
+        self.guard = NonFiniteGuard(cfg.get("nonfinite", "stop"), rank, world)
 
     # -- one optimisation step ------------------------------------------------------
     def step(self, fetch, lr: float) -> dict:
         """One step; ``fetch()`` returns the list of micro-batches (timed as t_data)."""
         clock, t = self.clock, {}
         t0 = clock()
-        batches = [(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in fetch()]
-        t1 = clock()
         self.opt.zero_grad(set_to_none=False)
-        loss_sum = 0.0
-        for x, y in batches:
-            loss = F.cross_entropy(self.net(x), y) / len(batches)
-            loss.backward()
-            loss_sum += loss.item()
+        t_data, loss_sum = self.compute.gradient(self, fetch)  # forward/backward or its replay
         t2 = clock()
         torch.cat([p.grad.reshape(-1) for p in self.params], out=self.flat)
-        update, rec = self.reducer.reduce(self.flat)
+        self.faults.on_gradient(self.flat)
+        bad = self.guard.check(self.flat)  # collective: the same verdict on every rank
+        t_check = clock() - t2
+        update, rec = (None, ReduceRecord()) if bad else self.reducer.reduce(self.flat)
         t3 = clock()
+        if not bad:  # a step with a non-finite gradient applies nothing, on every rank
+            self.apply(update, lr)
+        t4 = clock()
+        t.update(t_data=t_data, t_compute=t2 - t0 - t_data, t_compr=rec.t_compr, t_commu=rec.t_commu,
+                 t_update=(t4 - t3) + (t3 - t2 - t_check - rec.t_compr - rec.t_commu), t_iter=t4 - t0,
+                 t_check=t_check, nonfinite_ranks=bad, nonfinite=self.guard.action(bad),
+                 loss=loss_sum, lr=lr, density=getattr(self.reducer, "density", 1.0))
+        t.update(bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent,
+                 selected=rec.selected)
+        return t
+
+    def apply(self, update: torch.Tensor, lr: float) -> None:
+        """Unflatten ``update`` into the gradients and take the SGD step."""
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -81,13 +100,6 @@ class Worker:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.step()
-        t4 = clock()
-        t.update(t_data=t1 - t0, t_compute=t2 - t1, t_compr=rec.t_compr, t_commu=rec.t_commu,
-                 t_update=(t4 - t3) + (t3 - t2 - rec.t_compr - rec.t_commu), t_iter=t4 - t0,
-                 loss=loss_sum, lr=lr, density=getattr(self.reducer, "density", 1.0))
-        t.update(bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent,
-                 selected=rec.selected)
-        return t
 
     def groups(self, epoch: int):
         """This epoch's stream of lists of ``grad_accum`` micro-batches."""
@@ -100,7 +112,9 @@ class Worker:
                 group = []
 
     def endless(self):
-        """Epochs chained (benchmark mode)."""
+        """Epochs chained (benchmark mode); empty batch lists when compute is replayed."""
+        if self.train_loader is None:
+            yield from itertools.repeat([])
         epoch = 0
         while True:
             yield from self.groups(epoch)
@@ -117,6 +131,7 @@ class Worker:
             sums += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
                                   (out.argmax(1) == y).sum().item(), y.numel()],
                                  device=self.device, dtype=torch.float64)
+            heartbeat()
         self.net.train()
         dist.all_reduce(sums)
         return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
@@ -132,7 +147,8 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
     meta = {"reducer": cfg.reducer_name, "model": cfg.model_name, "data": cfg.data_name,
             "params": w.m, "nodes": world, "density": cfg.density, "mode": cfg.mode,
             "batch_per_worker": cfg.batch_size, "grad_accum_steps": cfg.grad_accum,
-            "device": str(device), "backend": dist.get_backend()}
+            "device": str(device), "backend": dist.get_backend(),
+            **w.compute.describe(), **instantiate(cfg.cluster).describe()}
     logger = WandbLogger(cfg, run_dir, meta) if rank == 0 else None
     progress = Progress(enabled=rank == 0, every_s=cfg.logger.progress_every_s)
     try:
@@ -165,16 +181,22 @@ def gather_rows(w: Worker) -> list[dict]:
 
 
 def _record(w: Worker, row: dict, logger) -> None:
+    """Write the step's row (flushed), then stop the job if ``nonfinite=stop`` says so
+    (every rank raises: the verdict was collective)."""
+    row["attempt"] = w.cfg.get("attempt", 1)
     w.iters.write(row)
     w.rows.append(row)
+    heartbeat()
     if logger and not row.get("warmup"):
         logger.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+    w.guard.enforce(row)
 
 
 def benchmark(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     total = cfg.benchmark.warmup + cfg.benchmark.iters
     stream = w.endless()
     for it in range(total):
+        w.faults.before_step(it)
         row = w.step(lambda: next(stream), cfg.model.lr)
         row.update(rank=w.rank, iter=it, warmup=it < cfg.benchmark.warmup)
         _record(w, row, logger)
@@ -199,6 +221,7 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
             w.reducer.density = density_at(epoch)
         stream, losses = w.groups(epoch), []
         for it in range(per_epoch):
+            w.faults.before_step(it_global)
             row = w.step(lambda: next(stream), lr_at(epoch, it, per_epoch))
             row.update(rank=w.rank, iter=it_global, epoch=epoch, warmup=it_global < cfg.benchmark.warmup)
             _record(w, row, logger)

@@ -11,10 +11,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gtopk.costmodel import Network
 
 
 @dataclass
@@ -25,7 +29,10 @@ class ReduceRecord:
     bytes_sent / bytes_recv / messages_sent: this rank's traffic (see gtopk.costmodel
         for which counts are exact and which nominal).
     t_compr: seconds in local work on the residual (add, top-k selection, put-back).
-    t_commu: seconds in everything of the collective (packing, messages, merges, scatter).
+    t_commu: seconds in the collective: from the selected entries to every rank holding the
+        aggregated ones (packing, messages, unpacking, merges). Scattering them into the
+        dense update (and summing Top-k's P sets) is applying it: the training loop counts
+        it in t_update. (The paper's t_commu includes that scatter.)
     """
 
     selected: int = 0
@@ -85,6 +92,12 @@ class Reducer(ABC):
     def peer(self, group_rank: int) -> int:
         """Global rank of a rank of this reducer's group (for point-to-point calls)."""
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    @classmethod
+    def predict_commu(cls, P: int, m: int, net: "Network", **settings) -> float:
+        """Alpha-beta time of one ``reduce``'s communication for P ranks and m entries,
+        with this reducer's config ``settings`` (no process group needed)."""
+        raise NotImplementedError(f"{cls.__name__} has no communication model")
 
     def wrap(self, model: "torch.nn.Module") -> "torch.nn.Module":
         """The module the training loop runs forward/backward on (DDP wraps it)."""

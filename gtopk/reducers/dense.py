@@ -5,8 +5,17 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.costmodel import VALUE_BYTES, dense_traffic
+from gtopk.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
 from gtopk.reducers.base import Clock, ReduceRecord, Reducer
+
+
+def bucket_numel(bucket_mb: float) -> int:
+    return max(1, int(bucket_mb * 2**20) // VALUE_BYTES)
+
+
+def bucket_sizes(m: int, numel: int) -> list[int]:
+    """Sizes of the all-reduce buckets of an m-entry gradient (the last one shorter)."""
+    return [min(numel, m - s) for s in range(0, m, numel)]
 
 
 class DenseReducer(Reducer):
@@ -21,10 +30,15 @@ class DenseReducer(Reducer):
         if not bucket_mb > 0:
             raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
         self.bucket_mb = bucket_mb
-        self.bucket_numel = max(1, int(bucket_mb * 2**20) // VALUE_BYTES)
+        self.bucket_numel = bucket_numel(bucket_mb)
 
     def bucket_sizes(self, m: int) -> list[int]:
-        return [min(self.bucket_numel, m - s) for s in range(0, m, self.bucket_numel)]
+        return bucket_sizes(m, self.bucket_numel)
+
+    @classmethod
+    def predict_commu(cls, P: int, m: int, net: Network, bucket_mb: float = 25.0, **_) -> float:
+        """Ring all-reduce per bucket, buckets one after another."""
+        return dense_time(P, bucket_sizes(m, bucket_numel(bucket_mb)), net)
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         t0 = clock()

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gtopk.costmodel import Network, gtopk_time
 from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
 from gtopk.reducers.schedules import Payload, recursive_doubling, tree_broadcast, tree_reduce
 from gtopk.reducers.wire import PointToPoint, SparseCodec
@@ -50,6 +51,12 @@ class GTopKReducer(Reducer):
         self.putback = putback
         self.feedback = ErrorFeedback()
 
+    @classmethod
+    def predict_commu(cls, P: int, m: int, net: Network, density: float = 0.001, algorithm: str = "tree",
+                      putback: str = "index", **_) -> float:
+        """Messages of gTopKAllReduce on the critical path (merges not included)."""
+        return gtopk_time(P, k_for(density, m), m, net, algorithm, putback)
+
     # -- the two ways to find the global set; both return (indices, values or None) --
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
@@ -90,14 +97,14 @@ class GTopKReducer(Reducer):
         final_idx, final_val = schedule(p2p, codec, sparse, k)
         if self.putback == "exact":
             final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
-        update = torch.zeros_like(acc)
-        update[final_idx] = final_val / P
-        t2 = clock()
+        t2 = clock()  # every rank holds the final k entries: the collective is done
         if self.putback == "exact":
             acc[final_idx] = 0
         else:
             acc[sel[member_mask(final_idx, sel)]] = 0
         t3 = clock()
+        update = torch.zeros_like(acc)  # applying it (scatter) is not communication
+        update[final_idx] = final_val / P
         rec.selected = k
         rec.t_compr = (t1 - t0) + (t3 - t2)
         rec.t_commu = t2 - t1

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.costmodel import topk_traffic
+from gtopk.costmodel import Network, topk_time, topk_traffic
 from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
 from gtopk.reducers.wire import SparseCodec
 from gtopk.selection import k_for, keep_topk, member_mask, topk_indices
@@ -30,6 +30,11 @@ class TopKReducer(Reducer):
         self.reselect = bool(reselect)
         self.feedback = ErrorFeedback()
 
+    @classmethod
+    def predict_commu(cls, P: int, m: int, net: Network, density: float = 0.001, **_) -> float:
+        """Recursive-doubling all-gather of k (index, value) entries per rank."""
+        return topk_time(P, k_for(density, m), m, net)
+
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         P, m = self.world_size, grad.numel()
         k = k_for(self.density, m)
@@ -43,8 +48,9 @@ class TopKReducer(Reducer):
         bufs = [mine] if P == 1 else [codec.empty() for _ in range(P)]
         if P > 1:
             dist.all_gather(bufs, mine, group=self.group)
-        summed = torch.zeros_like(acc)
         parts = [codec.unpack(b) for b in bufs]
+        t2 = clock()  # every rank holds every rank's k entries: the collective is done
+        summed = torch.zeros_like(acc)
         for idx, val in parts:  # rank order; indices are unique within a part
             summed.index_add_(0, idx, val)
         if self.reselect:
@@ -54,15 +60,15 @@ class TopKReducer(Reducer):
             update[final_idx] = final_val / P
         else:
             update = summed.div_(P)
-        t2 = clock()
+        t3 = clock()
         if self.reselect:
             acc[sel[member_mask(final_idx, sel)]] = 0
         else:
             acc[sel] = 0
-        t3 = clock()
+        t4 = clock()
         traffic = topk_traffic(P, k, m)
         rec.selected = k
         rec.set_traffic(traffic)
-        rec.t_compr = (t1 - t0) + (t3 - t2)
+        rec.t_compr = (t1 - t0) + (t4 - t3)
         rec.t_commu = t2 - t1
         return update

@@ -1,0 +1,149 @@
+"""``python -m gtopk.netbench``: measure a cluster's network and every reducer's collective.
+
+1. Ping-pong (``dist.send``/``dist.recv``) between ranks 0 and 1 over message sizes; the
+   one-way time per size (half the median round trip) is fitted to ``alpha + beta * n``
+   and saved as a network profile (``runs/net/<name>/profile.json``).
+2. Each reducer of ``collectives.reducers`` (dense all-reduce, Top-k all-gather, gTop-k
+   tree and recursive doubling) is run for every P in ``collectives.nodes`` and gradient
+   size in ``collectives.m``; per iteration the slowest rank's t_commu counts, and the median
+   over iterations is written to ``collectives.csv`` beside the fitted model's prediction.
+
+Runs on any cluster: ``cluster=local`` (loopback), ``cluster=emulated`` (shaped namespaces),
+or a real one under torchrun (ping-pong between global ranks 0 and 1, collectives at the
+world's size only).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from gtopk.harness import torchrun_world
+from gtopk.launch import spawn
+from gtopk.perfmodel import NetworkProfile, fit_alpha_beta, predict_commu
+
+
+def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[int, float]] | None:
+    """Collective over the group (ranks >= 2 only wait at the barrier). On rank 0:
+    [(bytes, one-way seconds)]."""
+    out = []
+    if rank < 2:
+        for n in sizes:
+            buf = torch.zeros(max(1, n), dtype=torch.uint8)
+            rtts = []
+            for i in range(reps + 2):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if i >= 2:
+                    rtts.append(time.perf_counter() - t0)
+            out.append((n, statistics.median(rtts) / 2))
+    dist.barrier()
+    return out if rank == 0 else None
+
+
+def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int) -> dict | None:
+    """Collective. Median over iterations of the slowest rank's t_commu and t_compr."""
+    reducer = instantiate(reducer_cfg)
+    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank))
+    rows = []
+    for i in range(warmup + iters):
+        _, rec = reducer.reduce(grad)
+        t = torch.tensor([rec.t_commu, rec.t_compr], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if i >= warmup:
+            rows.append(t.tolist())
+    if rank:
+        return None
+    return {"t_commu": statistics.median(r[0] for r in rows), "t_compr": statistics.median(r[1] for r in rows),
+            "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
+
+
+def _run_pingpong(rank: int, world: int, cfg: dict):
+    return pingpong(rank, world, list(cfg["pingpong"]["sizes"]), cfg["pingpong"]["reps"])
+
+
+def _run_collectives(rank: int, world: int, cfg: dict):
+    c = cfg["collectives"]
+    out = []
+    for m in c["m"]:
+        for name, rcfg in c["reducers"].items():
+            r = time_reducer(rank, world, rcfg, m, c["warmup"], c["iters"], cfg["seed"])
+            if r:
+                out.append({"reducer": name, "nodes": world, "m": m, "density": c["density"], **r})
+    return out if rank == 0 else None
+
+
+def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
+    """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world)."""
+    if torchrun_world():
+        return fn(dist.get_rank(), dist.get_world_size(), cfg_dict)
+    cluster = instantiate(cfg.cluster)
+    cluster.check(nodes)
+    with cluster.up(nodes) as placement:
+        return spawn(fn, nodes, (cfg_dict,), backend=cfg.backend, timeout=cfg.timeout_s, placement=placement)[0]
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+@hydra.main(config_path="../conf", config_name="netbench", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    if torchrun_world():
+        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict)
+        if samples is not None:
+            alpha, beta = fit_alpha_beta([n for n, _ in samples], [t for _, t in samples])
+            big, t_big = samples[-1]
+            cluster = instantiate(cfg.cluster).describe()
+            prof = NetworkProfile(alpha=alpha, beta=beta, name=cfg.name, cluster=cluster, samples=samples,
+                                  notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size")
+            prof.save(out / "profile.json")
+            _write_csv(out / "pingpong.csv", [{"bytes": n, "one_way_s": t, "fit_s": alpha + beta * n,
+                                                "bits_per_s": 8 * n / t} for n, t in samples])
+            print(f"network profile {out / 'profile.json'}: alpha {alpha * 1e3:.4f} ms, beta {beta:.4e} s/byte "
+                  f"({prof.bits_per_s / 1e9:.3f} Gbit/s); {big} B one way at {8 * big / t_big / 1e9:.3f} Gbit/s")
+            if "bandwidth_bits_per_s" in cluster:
+                conf = cluster["bandwidth_bits_per_s"]
+                print(f"configured {conf / 1e9:.3f} Gbit/s: large messages get {8 * big / t_big / conf:.1%}, "
+                      f"the fitted beta {prof.bits_per_s / conf:.1%} of it")
+        sizes = [dist.get_world_size()] if torchrun_world() else list(cfg.collectives.nodes)
+        rows = []
+        for P in sizes:
+            for r in _on_cluster(_run_collectives, P, cfg, cfg_dict) or []:
+                rcfg = cfg_dict["collectives"]["reducers"][r["reducer"]]
+                r["t_commu_model"] = predict_commu(rcfg, P, r["m"], prof.network) if samples else None
+                rows.append(r)
+                print(f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
+                      f"model {r['t_commu_model']:.4f}s  t_compr {r['t_compr']:.4f}s", flush=True)
+        if rows and samples is not None:
+            _write_csv(out / "collectives.csv", rows)
+            print(f"collectives: {out / 'collectives.csv'}")
+    finally:
+        if torchrun_world():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
