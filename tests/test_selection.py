@@ -77,3 +77,159 @@ def test_member_mask():
     s = torch.tensor([2, 5, 9])
     assert member_mask(s, torch.tensor([0, 2, 9, 10, 5])).tolist() == [False, True, True, False, True]
     assert member_mask(torch.tensor([], dtype=torch.long), torch.tensor([1])).tolist() == [False]
+
+
+# -- topk_indices against a brute-force reference, every path -------------------------
+
+import gtopk.selection as selection  # noqa: E402  (module constants are patched below)
+
+
+def brute_topk(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Reference by a full sort: order by (|x| descending, index ascending), first k, sorted."""
+    mag = x.abs().tolist()
+    order = sorted(range(len(mag)), key=lambda i: (-mag[i], i))
+    return torch.tensor(sorted(order[:k]), dtype=torch.long)
+
+
+class PathSpy:
+    """Counts the candidate scans and the full selections ``topk_indices`` makes."""
+
+    def __init__(self, monkeypatch):
+        self.scans = self.full = 0
+        above, exact = selection._above, selection._exact
+
+        def spy_above(x, thr, strict=False):
+            self.scans += 1
+            return above(x, thr, strict)
+
+        def spy_exact(x, k):
+            self.full += x.numel() == self.m
+            return exact(x, k)
+
+        monkeypatch.setattr(selection, "_above", spy_above)
+        monkeypatch.setattr(selection, "_exact", spy_exact)
+
+    def __call__(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, str]:
+        """``topk_indices(x, k)`` and the path it took: direct, fast, retry or fallback."""
+        self.scans = self.full = 0
+        self.m = x.numel()
+        got = selection.topk_indices(x, k)
+        if self.scans == 0:
+            path = "direct"
+        elif self.full:
+            path = "fallback"
+        else:
+            path = "fast" if self.scans == 1 else "retry"
+        return got, path
+
+
+@pytest.fixture
+def small_sizes(monkeypatch):
+    """Shrink the size constants so that tensors of a few thousand entries take every path
+    (sampling, chunked column-max scan with a tail, retry, fallback)."""
+    monkeypatch.setattr(selection, "_EXACT_BELOW", 128)
+    monkeypatch.setattr(selection, "_SAMPLE", 64)
+    monkeypatch.setattr(selection, "_CHUNK", 256)
+    monkeypatch.setattr(selection, "_ROWS", 8)
+    return PathSpy(monkeypatch)
+
+
+def random_case(g: torch.Generator, m: int) -> torch.Tensor:
+    """One of several data families, chosen by the generator."""
+    kind = int(torch.randint(0, 10, (1,), generator=g))
+    if kind == 0:
+        return torch.randn(m, generator=g)
+    if kind == 1:  # heavy tails
+        return torch.randn(m, generator=g) ** 5 * torch.randn(m, generator=g).exp() ** 8
+    if kind == 2:  # few distinct values: many ties at the k-th value
+        return torch.randint(-3, 4, (m,), generator=g).float()
+    if kind == 3:  # mostly zeros (+0.0 and -0.0)
+        x = torch.randn(m, generator=g) * (torch.rand(m, generator=g) < 0.01)
+        return torch.where(torch.rand(m, generator=g) < 0.5, x, -x)
+    if kind == 4:  # sorted by value, ascending or descending
+        x = torch.randn(m, generator=g).sort().values
+        return x if m % 2 else x.flip(0)
+    if kind == 5:  # all equal magnitude, random signs
+        return torch.where(torch.rand(m, generator=g) < 0.5, 2.5, -2.5)
+    if kind == 6:  # large values exactly on a stride: the strided sample sees only them
+        x = torch.randn(m, generator=g)
+        x[:: int(torch.randint(1, 64, (1,), generator=g))] = 100.0
+        return x
+    if kind == 7:  # bfloat16-rounded values (ties) with infinities
+        x = torch.randn(m, generator=g).bfloat16().float()
+        x[torch.randint(0, m, (3,), generator=g)] = float("inf")
+        return x
+    if kind == 8:  # |x| sorted descending
+        return torch.randn(m, generator=g).abs().sort().values.flip(0)
+    # The sample (every m // _SAMPLE-th entry) is zeros and a few large values.
+    x, stride = torch.randn(m, generator=g), max(1, m // selection._SAMPLE)
+    x[::stride] = 0.0
+    x[: int(torch.randint(1, 10, (1,), generator=g)) * stride: stride] = 100.0
+    return x
+
+
+def test_topk_indices_matches_brute_force_on_random_and_adversarial_data(small_sizes):
+    g = torch.Generator().manual_seed(6)
+    paths = {}
+    for case in range(300):
+        m = int(torch.randint(1, 3000, (1,), generator=g))
+        x = random_case(g, m)
+        for k in {1, 2, max(1, m // 1000), max(1, m // 100), max(1, m // 10), m - 1 or 1, m}:
+            got, path = small_sizes(x, k)
+            assert torch.equal(got, brute_topk(x, k)), (case, m, k, path)
+            assert got.dtype == torch.long
+            paths[path] = paths.get(path, 0) + 1
+    # The data families must drive every path, or this test does not test them.
+    assert set(paths) == {"direct", "fast", "retry", "fallback"}, paths
+
+
+def test_fallback_when_the_sample_overestimates(small_sizes):
+    m, k = 5000, 100
+    stride = m // selection._SAMPLE
+    x = torch.randn(m, generator=torch.Generator().manual_seed(0))
+    x[::stride] = 100.0  # the whole sample (65 entries) is 100: no lower cut, 65 < k candidates
+    got, path = small_sizes(x, k)
+    assert path == "fallback" and torch.equal(got, brute_topk(x, k))
+
+
+def test_retry_when_the_first_cut_is_too_high(small_sizes):
+    m, k = 5000, 12
+    stride = m // selection._SAMPLE
+    x = torch.randn(m, generator=torch.Generator().manual_seed(0))
+    x[::stride] = 0.0
+    x[: 8 * stride: stride] = 100.0  # first cut at 100 (8 < k candidates), the retry at 0
+    got, path = small_sizes(x, k)
+    assert path == "retry" and torch.equal(got, brute_topk(x, k))
+
+
+def test_fast_path_scans_once_on_normal_data(small_sizes):
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    got, path = small_sizes(x, 10)
+    assert path == "fast" and torch.equal(got, brute_topk(x, 10))
+
+
+@pytest.mark.parametrize("m", [1 << 16, (1 << 18) * 3 + 12_345])
+def test_topk_indices_at_real_sizes(m, monkeypatch):
+    """Unpatched constants: sample, several full chunks and a tail; normal and tied data."""
+    spy = PathSpy(monkeypatch)
+    g = torch.Generator().manual_seed(m)
+    for x in (torch.randn(m, generator=g), torch.randint(-50, 51, (m,), generator=g).float()):
+        for k in (1, m // 1000, m // 100):
+            got, path = spy(x, k)
+            ref = torch.sort(x.abs(), descending=True, stable=True).indices[:k].sort().values
+            assert path in ("fast", "retry") and torch.equal(got, ref), (k, path)
+
+
+def test_topk_indices_is_deterministic_and_takes_views(small_sizes):
+    base = torch.randn(20_000, generator=torch.Generator().manual_seed(2))
+    x = base[1::2]  # non-contiguous 1-D view
+    first, path = small_sizes(x, 30)
+    assert path == "fast" and torch.equal(first, brute_topk(x.contiguous(), 30))
+    assert torch.equal(small_sizes(x, 30)[0], first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_topk_indices_other_dtypes(small_sizes, dtype):
+    x = torch.randn(4000, generator=torch.Generator().manual_seed(3)).to(dtype)
+    for k in (1, 40, 400):
+        assert torch.equal(small_sizes(x, k)[0], brute_topk(x.double(), k))
