@@ -56,19 +56,27 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
 
 
 def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int) -> dict | None:
-    """Collective. Median over iterations of the slowest rank's t_commu and t_compr."""
+    """Collective. Medians over iterations, on rank 0, of:
+    t_commu: the collective's time as seen by the rank that entered it last (the minimum
+      over ranks: it waited for nobody's selection, so skew between ranks is excluded);
+    t_commu_max: the slowest rank's t_commu (skew included); t_compr and t_merge: the
+    largest over ranks."""
     reducer = instantiate(reducer_cfg)
     grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank))
     rows = []
     for i in range(warmup + iters):
+        dist.barrier()
         _, rec = reducer.reduce(grad)
-        t = torch.tensor([rec.t_commu, rec.t_compr], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        mine = torch.tensor([rec.t_commu, rec.t_compr, rec.t_merge], dtype=torch.float64)
+        everyone = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        t = torch.stack(everyone)
         if i >= warmup:
-            rows.append(t.tolist())
+            rows.append((t[:, 0].min().item(), t[:, 0].max().item(), t[:, 1].max().item(), t[:, 2].max().item()))
     if rank:
         return None
-    return {"t_commu": statistics.median(r[0] for r in rows), "t_compr": statistics.median(r[1] for r in rows),
+    med = [statistics.median(r[j] for r in rows) for j in range(4)]
+    return {"t_commu": med[0], "t_commu_max": med[1], "t_compr": med[2], "t_merge": med[3],
             "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
 
 
@@ -136,7 +144,9 @@ def main(cfg: DictConfig) -> None:
                 r["t_commu_model"] = predict_commu(rcfg, P, r["m"], prof.network) if samples else None
                 rows.append(r)
                 print(f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
-                      f"model {r['t_commu_model']:.4f}s  t_compr {r['t_compr']:.4f}s", flush=True)
+                      f"(slowest rank {r['t_commu_max']:.4f}s) model {r['t_commu_model']:.4f}s "
+                      f"ratio {r['t_commu'] / r['t_commu_model']:.2f}  t_merge {r['t_merge']:.4f}s "
+                      f"t_compr {r['t_compr']:.4f}s", flush=True)
         if rows and samples is not None:
             _write_csv(out / "collectives.csv", rows)
             print(f"collectives: {out / 'collectives.csv'}")

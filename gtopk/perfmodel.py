@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -72,21 +73,28 @@ class NetworkProfile:
         return cls(**{k: d[k] for k in ("alpha", "beta", "name", "cluster", "samples", "notes") if k in d})
 
 
-def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
-    """Least-squares fit of ``t = alpha + beta * n`` in relative error (each point weighted
-    by 1/t), so that small messages fix alpha and large ones fix beta."""
-    if len(sizes) != len(times) or len(sizes) < 2 or len(set(sizes)) < 2:
+def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], small: float = 8192,
+                   large: float = 1 << 20) -> tuple[float, float]:
+    """Fit ``t = alpha + beta * n`` to one-way times of messages of ``sizes`` bytes.
+
+    beta is the least-squares slope over the messages of at least ``large`` bytes (where
+    bandwidth dominates); alpha is the median, over messages of at most ``small`` bytes,
+    of ``t - beta * n`` (what a tiny message costs). Mid-sized messages are left out of
+    both: a token-bucket shaper lets them run ahead of the rate for ``burst`` bytes, which
+    would bend a single line. With fewer than two large sizes or no small one, a plain
+    least-squares line over all points is returned."""
+    if len(sizes) != len(times) or len(set(sizes)) < 2:
         raise ValueError("fit_alpha_beta needs at least two distinct message sizes")
-    w = [1.0 / (t * t) for t in times]
-    sw = sum(w)
-    sx = sum(wi * x for wi, x in zip(w, sizes))
-    sy = sum(wi * y for wi, y in zip(w, times))
-    sxx = sum(wi * x * x for wi, x in zip(w, sizes))
-    sxy = sum(wi * x * y for wi, x, y in zip(w, sizes, times))
-    det = sw * sxx - sx * sx
-    beta = (sw * sxy - sx * sy) / det
-    alpha = (sy - beta * sx) / sw
-    return alpha, beta
+    big = [(n, t) for n, t in zip(sizes, times) if n >= large]
+    tiny = [(n, t) for n, t in zip(sizes, times) if n <= small]
+    if len({n for n, _ in big}) < 2 or not tiny:
+        big, tiny = list(zip(sizes, times)), []
+    xs, ys = [n for n, _ in big], [t for _, t in big]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if not tiny:
+        return my - beta * mx, beta
+    return statistics.median(t - beta * n for n, t in tiny), beta
 
 
 def _reducer_class(reducer_cfg: Mapping):

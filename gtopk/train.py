@@ -82,7 +82,7 @@ class Worker:
         if not bad:  # a step with a non-finite gradient applies nothing, on every rank
             self.apply(update, lr)
         t4 = clock()
-        t.update(t_data=t_data, t_compute=t2 - t0 - t_data, t_compr=rec.t_compr, t_commu=rec.t_commu,
+        t.update(t_data=t_data, t_compute=t2 - t0 - t_data, t_compr=rec.t_compr, t_commu=rec.t_commu, t_merge=rec.t_merge,
                  t_update=(t4 - t3) + (t3 - t2 - t_check - rec.t_compr - rec.t_commu), t_iter=t4 - t0,
                  t_check=t_check, nonfinite_ranks=bad, nonfinite=self.guard.action(bad),
                  loss=loss_sum, lr=lr, density=getattr(self.reducer, "density", 1.0))

@@ -40,6 +40,13 @@ def test_alpha_beta_fit_recovers_synthetic_timings():
     noisy = [(alpha + beta * n) * (1.03 if i % 2 else 0.97) for i, n in enumerate(sizes)]
     a, b = perfmodel.fit_alpha_beta(sizes, noisy)
     assert a == pytest.approx(alpha, rel=0.1) and b == pytest.approx(beta, rel=0.1)
+    # a shaper's burst: mid-sized messages run ahead of the rate; they must not bend the fit
+    bursty = [alpha + beta * max(0, n - 65536) if 8192 < n < (1 << 20) else alpha + beta * n for n in sizes]
+    a, b = perfmodel.fit_alpha_beta(sizes, bursty)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    # too few large sizes: one least-squares line through everything
+    a, b = perfmodel.fit_alpha_beta([100, 200, 300], [1.1, 1.2, 1.3])
+    assert a == pytest.approx(1.0) and b == pytest.approx(1e-3)
     with pytest.raises(ValueError, match="two distinct"):
         perfmodel.fit_alpha_beta([8, 8], [1.0, 1.0])
 

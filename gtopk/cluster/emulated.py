@@ -51,8 +51,10 @@ class EmulatedCluster(Cluster):
     kind = "emulated"
     MAX_NODES = 4094
 
-    def __init__(self, bandwidth: str = "1gbit", burst: str = "32kb", latency: str = "10ms", mtu: int = 1500):
+    def __init__(self, bandwidth: str = "1gbit", burst: str = "32kb", latency: str = "10ms", mtu: int = 1500,
+                 gso_max_size: int | None = 16384):
         self.bandwidth, self.burst, self.latency, self.mtu = str(bandwidth), str(burst), str(latency), int(mtu)
+        self.gso_max_size = gso_max_size
         self.bits_per_s = rate_bits_per_s(self.bandwidth)
 
     def check(self, nodes: int) -> None:
@@ -65,7 +67,7 @@ class EmulatedCluster(Cluster):
 
     def describe(self) -> dict:
         return {"cluster": self.kind, "bandwidth": self.bandwidth, "bandwidth_bits_per_s": self.bits_per_s,
-                "burst": self.burst, "latency": self.latency, "mtu": self.mtu}
+                "burst": self.burst, "latency": self.latency, "mtu": self.mtu, "gso_max_size": self.gso_max_size}
 
     def _commands(self, job: str, nodes: int) -> dict[str | None, tuple[list[str], list[str]]]:
         """``ip`` and ``tc`` batch commands per namespace (None: the caller's own)."""
@@ -77,10 +79,12 @@ class EmulatedCluster(Cluster):
         plan: dict[str | None, tuple[list[str], list[str]]] = {None: (root, [])}
         switch = ["link add br0 type bridge", "link set br0 up"]
         switch += [c for r in range(nodes) for c in (f"link set p{r} master br0", f"link set p{r} up")]
+        gso = f" gso_max_size {self.gso_max_size}" if self.gso_max_size else ""
+        switch += [f"link set p{r}{gso}" for r in range(nodes)] if gso else []
         plan[sw] = (switch, [f"qdisc add dev p{r} root {shape}" for r in range(nodes)])
         for r in range(nodes):
             plan[f"{job}-r{r}"] = (["link set lo up", f"addr add {address(r)}/16 dev {IFNAME}",
-                                    f"link set {IFNAME} up"], [f"qdisc add dev {IFNAME} root {shape}"])
+                                    f"link set {IFNAME} up{gso}"], [f"qdisc add dev {IFNAME} root {shape}"])
         return plan
 
     @contextmanager

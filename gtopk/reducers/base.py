@@ -33,6 +33,7 @@ class ReduceRecord:
         aggregated ones (packing, messages, unpacking, merges). Scattering them into the
         dense update (and summing Top-k's P sets) is applying it: the training loop counts
         it in t_update. (The paper's t_commu includes that scatter.)
+    t_merge: the part of t_commu spent in gTop-k's merges.
     """
 
     selected: int = 0
@@ -41,6 +42,7 @@ class ReduceRecord:
     messages_sent: int = 0
     t_compr: float = 0.0
     t_commu: float = 0.0
+    t_merge: float = 0.0  # part of t_commu spent merging sparse vectors (gTop-k)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -58,10 +58,17 @@ class GTopKReducer(Reducer):
         return gtopk_time(P, k_for(density, m), m, net, algorithm, putback)
 
     # -- the two ways to find the global set; both return (indices, values or None) --
+    def _merge(self, a, b):
+        """The gTop-k merge of two sparse vectors, its time added to the record's t_merge."""
+        t0 = self._clock()
+        out = merge(*a, *b, self._k)
+        self._rec.t_merge += self._clock() - t0
+        return out
+
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
         msg = Payload(lambda s: codec.pack(*s), codec.unpack, codec.nbytes)
-        root = tree_reduce(p2p, rank, P, sparse, lambda a, b: merge(*a, *b, k), msg, new)
+        root = tree_reduce(p2p, rank, P, sparse, self._merge, msg, new)
         if self.putback == "index":
             buf = codec.pack(*root) if rank == 0 else None
             return codec.unpack(tree_broadcast(p2p, rank, P, buf, codec.nbytes, new))
@@ -75,7 +82,7 @@ class GTopKReducer(Reducer):
             back = Payload(lambda s: codec.pack_indices(s[0]), lambda b: (codec.unpack_indices(b), None),
                            codec.index_nbytes)
         return recursive_doubling(p2p, self.rank, self.world_size, sparse,
-                                  lambda a, b: merge(*a, *b, k), msg, back, codec.empty)
+                                  self._merge, msg, back, codec.empty)
 
     def _sum_at(self, p2p, codec, values: Tensor) -> Tensor:
         """Recursive-doubling all-reduce (sum) of a k-vector of float32 values."""
@@ -86,6 +93,7 @@ class GTopKReducer(Reducer):
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         P, m = self.world_size, grad.numel()
         k = k_for(self.density, m)
+        self._k, self._rec, self._clock = k, rec, clock
         t0 = clock()
         acc = self.feedback.accumulate(grad)
         sel = topk_indices(acc, k)
