@@ -80,6 +80,18 @@ def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, 
             "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
 
 
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of this machine so far (Linux /proc/stat; zeros elsewhere).
+    Busy includes kernel networking (softirq), which is what an emulated link costs."""
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = v[3] + (v[4] if len(v) > 4 else 0.0)
+    return sum(v) - idle, sum(v)
+
+
 def _run_pingpong(rank: int, world: int, cfg: dict):
     return pingpong(rank, world, list(cfg["pingpong"]["sizes"]), cfg["pingpong"]["reps"])
 
@@ -89,8 +101,14 @@ def _run_collectives(rank: int, world: int, cfg: dict):
     out = []
     for m in c["m"]:
         for name, rcfg in c["reducers"].items():
+            busy0, total0 = cpu_times()
             r = time_reducer(rank, world, rcfg, m, c["warmup"], c["iters"], cfg["seed"])
+            busy1, total1 = cpu_times()
             if r:
+                r["cpu_busy"] = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+                r["link_utilisation"] = None
+                if "bandwidth_bits_per_s" in cfg["cluster_info"] and r["t_commu"] > 0:
+                    r["link_utilisation"] = 8 * r["bytes_sent"] / r["t_commu"] / cfg["cluster_info"]["bandwidth_bits_per_s"]
                 out.append({"reducer": name, "nodes": world, "m": m, "density": c["density"], **r})
     return out if rank == 0 else None
 
@@ -117,6 +135,7 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict["cluster_info"] = {} if torchrun_world() else instantiate(cfg.cluster).describe()
     if torchrun_world():
         dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
     try:
@@ -146,7 +165,9 @@ def main(cfg: DictConfig) -> None:
                 print(f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
                       f"(slowest rank {r['t_commu_max']:.4f}s) model {r['t_commu_model']:.4f}s "
                       f"ratio {r['t_commu'] / r['t_commu_model']:.2f}  t_merge {r['t_merge']:.4f}s "
-                      f"t_compr {r['t_compr']:.4f}s", flush=True)
+                      f"t_compr {r['t_compr']:.4f}s cpu busy {r['cpu_busy'] or 0:.0%}"
+                      + (f" link {r['link_utilisation']:.0%}" if r["link_utilisation"] is not None else ""),
+                      flush=True)
         if rows and samples is not None:
             _write_csv(out / "collectives.csv", rows)
             print(f"collectives: {out / 'collectives.csv'}")
