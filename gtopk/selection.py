@@ -11,6 +11,8 @@ gets bit-identical output) and lets membership tests use ``searchsorted``.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -22,7 +24,8 @@ def k_for(density: float, m: int) -> int:
 
 
 _EXACT_BELOW = 1 << 16  # m below this: select directly (sampling cannot pay off)
-_SAMPLE = 1 << 16  # most entries in the |x| sample for the threshold estimate
+_SAMPLE = 1 << 16  # the |x| sample for the threshold: every max(_MIN_STRIDE, m // _SAMPLE)-th entry
+_MIN_STRIDE = 16
 _SIGMAS = 5.0  # sample rank = expected sample rank of the k-th value + this many std devs
 _CHUNK = 1 << 18  # CPU candidate scan: 1 MiB of fp32 per chunk, so its scratch stays in L2
 _ROWS = 16  # a chunk is scanned as _ROWS x (_CHUNK / _ROWS): column maxima first
@@ -41,6 +44,11 @@ def _exact(x: Tensor, k: int) -> Tensor:
         return above
     ties = torch.nonzero(mag == thr).squeeze(1)[:need]
     return torch.cat([above, ties]).sort().values
+
+
+def _stride(m: int) -> int:
+    """The sample is every ``_stride(m)``-th entry of ``x``, from the first."""
+    return max(_MIN_STRIDE, m // _SAMPLE)
 
 
 def _sample_ranks(k: int, m: int, s: int) -> list[int]:
@@ -63,19 +71,40 @@ def _above_plain(x: Tensor, thr: Tensor, strict: bool) -> Tensor:
     return torch.nonzero((torch.gt if strict else torch.ge)(x.abs(), thr)).squeeze(1)
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run the enclosed torch ops on one intra-op thread (restored afterwards)."""
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+
+
 def _above(x: Tensor, thr: Tensor, strict: bool = False) -> Tensor:
     """Ascending int64 indices of the entries with ``|x| >= thr`` (``>`` if ``strict``),
     in one pass over ``x``.
 
     On CPU the pass runs chunk by chunk through a small scratch buffer (no full-size
-    temporaries). A chunk of ``|x|`` is viewed as a ``_ROWS x W`` matrix: the column
-    maxima (one vectorised reduction) tell which few columns can hold a candidate, and
-    only those are compared. Row-major order of (row, column) is ascending index order,
-    so the indices come out sorted. Other devices take one full-size pass (one host sync).
+    temporaries), on one thread: hundreds of short multi-threaded ops would each wait at a
+    barrier for a thread that another process has descheduled (3x slower on a 2-core
+    machine with one competing process). Other devices take one full-size pass.
     """
-    m = x.numel()
-    if x.device.type != "cpu" or m < _CHUNK:
+    if x.device.type != "cpu" or x.numel() < _CHUNK:
         return _above_plain(x, thr, strict)
+    with _one_thread():
+        return _scan_chunks(x, thr, strict)
+
+
+def _scan_chunks(x: Tensor, thr: Tensor, strict: bool) -> Tensor:
+    """``_above`` on CPU. A chunk of ``|x|`` is viewed as a ``_ROWS x W`` matrix: the
+    column maxima (one vectorised reduction) tell which few columns can hold a candidate,
+    and only those are compared. Row-major order of (row, column) is ascending index
+    order, so the indices come out sorted."""
+    m = x.numel()
     cmp = torch.gt if strict else torch.ge
     width = _CHUNK // _ROWS
     mag = torch.empty(_CHUNK, dtype=x.dtype)
@@ -118,7 +147,7 @@ def topk_indices(x: Tensor, k: int) -> Tensor:
     if k == m:
         return torch.arange(m, device=x.device)
     if m >= _EXACT_BELOW:
-        sample = x[:: max(1, m // _SAMPLE)].abs()
+        sample = x[:: _stride(m)].abs()
         tried = None
         for rank in _sample_ranks(k, m, sample.numel()):
             thr = torch.topk(sample, rank, sorted=False).values.min()

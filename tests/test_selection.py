@@ -131,6 +131,7 @@ def small_sizes(monkeypatch):
     monkeypatch.setattr(selection, "_SAMPLE", 64)
     monkeypatch.setattr(selection, "_CHUNK", 256)
     monkeypatch.setattr(selection, "_ROWS", 8)
+    monkeypatch.setattr(selection, "_MIN_STRIDE", 1)
     return PathSpy(monkeypatch)
 
 
@@ -161,8 +162,8 @@ def random_case(g: torch.Generator, m: int) -> torch.Tensor:
         return x
     if kind == 8:  # |x| sorted descending
         return torch.randn(m, generator=g).abs().sort().values.flip(0)
-    # The sample (every m // _SAMPLE-th entry) is zeros and a few large values.
-    x, stride = torch.randn(m, generator=g), max(1, m // selection._SAMPLE)
+    # The strided sample is zeros and a few large values.
+    x, stride = torch.randn(m, generator=g), selection._stride(m)
     x[::stride] = 0.0
     x[: int(torch.randint(1, 10, (1,), generator=g)) * stride: stride] = 100.0
     return x
@@ -185,7 +186,7 @@ def test_topk_indices_matches_brute_force_on_random_and_adversarial_data(small_s
 
 def test_fallback_when_the_sample_overestimates(small_sizes):
     m, k = 5000, 100
-    stride = m // selection._SAMPLE
+    stride = selection._stride(m)
     x = torch.randn(m, generator=torch.Generator().manual_seed(0))
     x[::stride] = 100.0  # the whole sample (65 entries) is 100: no lower cut, 65 < k candidates
     got, path = small_sizes(x, k)
@@ -194,7 +195,7 @@ def test_fallback_when_the_sample_overestimates(small_sizes):
 
 def test_retry_when_the_first_cut_is_too_high(small_sizes):
     m, k = 5000, 12
-    stride = m // selection._SAMPLE
+    stride = selection._stride(m)
     x = torch.randn(m, generator=torch.Generator().manual_seed(0))
     x[::stride] = 0.0
     x[: 8 * stride: stride] = 100.0  # first cut at 100 (8 < k candidates), the retry at 0

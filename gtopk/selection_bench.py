@@ -1,0 +1,109 @@
+"""Speed of top-k selection relative to one pass over the data, at the paper's model sizes.
+
+``python -m gtopk.selection_bench`` times, on one fp32 ``randn`` vector per size m and
+k = int(0.001 m), ``topk_indices(x, k)``, ``torch.topk(x.abs(), k)`` and the yardstick
+``x.abs().max()``. The three are called round-robin (so that load from other processes
+hits all of them alike), and the table shows the medians and the ratios of the medians
+to ``x.abs().max()`` — with torch's default thread count and with one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from gtopk.selection import merge, topk_indices
+
+# Parameter counts of the paper's models: ResNet-20, VGG-16 (CIFAR), ResNet-50, AlexNet.
+SIZES = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032, "alexnet": 61_100_840}
+DENSITY = 0.001
+
+
+def make_input(m: int, seed: int = 0) -> torch.Tensor:
+    """The benchmark vector: m standard-normal fp32 values (fixed seed)."""
+    return torch.randn(m, generator=torch.Generator().manual_seed(seed))
+
+
+def make_sparse_pair(m: int, k: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Two k-entry sparse vectors over [0, m) (ascending unique indices, normal values),
+    as two workers' selections would be: ``(idx_a, val_a, idx_b, val_b)``."""
+    g = torch.Generator().manual_seed(seed)
+    out: list[torch.Tensor] = []
+    for _ in range(2):
+        out.append(torch.randperm(m, generator=g)[:k].sort().values)
+        out.append(torch.randn(k, generator=g))
+    return tuple(out)
+
+
+def candidates(x: torch.Tensor, k: int) -> dict[str, Callable[[], object]]:
+    """The timed calls on ``x``, by name (``abs_max`` is the yardstick)."""
+    return {
+        "abs_max": lambda: x.abs().max(),
+        "topk_indices": lambda: topk_indices(x, k),
+        "torch_topk": lambda: torch.topk(x.abs(), k, sorted=False),
+    }
+
+
+def round_robin(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each call over ``reps`` rounds; each round calls every one once."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():  # warm-up: first-touch allocations, lazy init
+        fn()
+    for _ in range(reps):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def measure(threads: int, reps: int, sizes: dict[str, int] = SIZES) -> list[dict]:
+    """One row per size: medians (s) and the ratios to ``abs_max``, at ``threads`` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rows = []
+    try:
+        for model, m in sizes.items():
+            x, k = make_input(m), int(DENSITY * m)
+            med = round_robin(candidates(x, k), reps)
+            pair = make_sparse_pair(m, k)
+            med["merge"] = round_robin({"merge": lambda: merge(*pair, k)}, reps)["merge"]
+            rows.append({"model": model, "m": m, "k": k, "threads": threads, **med,
+                         "ratio_topk_indices": med["topk_indices"] / med["abs_max"],
+                         "ratio_torch_topk": med["torch_topk"] / med["abs_max"]})
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table of ``measure`` rows (milliseconds and ratios)."""
+    lines = ["| model | m | k | threads | abs().max() ms | topk_indices ms | torch.topk ms "
+             "| topk_indices / abs_max | torch.topk / abs_max | merge ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['m']:,} | {r['k']:,} | {r['threads']} | {r['abs_max'] * 1e3:.2f} "
+                     f"| {r['topk_indices'] * 1e3:.2f} | {r['torch_topk'] * 1e3:.2f} "
+                     f"| {r['ratio_topk_indices']:.2f} | {r['ratio_torch_topk']:.2f} | {r['merge'] * 1e3:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the table for torch's default thread count and for one thread."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=15, help="timed rounds per size (default 15)")
+    ap.add_argument("--threads", type=int, nargs="*", default=None,
+                    help="thread counts to measure (default: torch's default, then 1)")
+    args = ap.parse_args(argv)
+    threads = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
+    rows = [row for t in threads for row in measure(t, args.reps)]
+    print(f"torch {torch.__version__}, fp32, k = int({DENSITY} m), medians of {args.reps} round-robin rounds")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
