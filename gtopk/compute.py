@@ -4,7 +4,9 @@
 batches. ``compute=replay`` (``ReplayedCompute``): every step fills the gradients with a
 fixed per-rank random vector (the real reducer then aggregates it over the real network)
 and sleeps until ``t_compute`` has passed, so P workers share a few cores without their
-compute contending. ``t_compute`` comes from a *compute profile*:
+compute contending. A model wrapped for backward hooks (DDP) gets a replayed
+backward pass instead (``gtopk.replay_backward``), so that its communication happens and
+overlaps as it would. ``t_compute`` comes from a *compute profile*:
 
 * ``p102``: the paper's single-node throughput (``gtopk.paper``) with this job's images
   per step: t_compute = batch * accumulation / (images/s of one P102-100);
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 
 from gtopk.paper import single_node_throughput
 from gtopk.records import write_json_atomic
+from gtopk.replay_backward import replay_backward
 
 LOCAL_PROFILE = Path("runs/profiles/local.json")
 
@@ -110,6 +113,9 @@ class ReplayedCompute(Compute):
         self.bank = (torch.randn(worker.m, generator=gen) * self.grad_scale).to(worker.device)
 
     def gradient(self, worker, fetch):
+        if worker.net is not worker.model:  # a wrapper that hooks into backward (DDP)
+            replay_backward(worker.net, worker.model, worker.params, self.bank, self.t_compute)
+            return 0.0, None
         start = time.perf_counter()
         offset = 0
         for p in worker.params:

@@ -1,0 +1,84 @@
+"""Fig. 6: scaling efficiency e(P) = v_P / v_1 against P, one panel per model (and setup),
+one line per reducer: measured solid, modelled dashed (calibrated alpha-beta model, see
+``analysis.scaling``), the paper's values in grey.
+
+    python -m analysis.fig6 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
+
+Writes fig6.png, fig6.pdf and fig6.csv (every point drawn, with ``kind`` = measured |
+modelled | paper) into ``<first root>/analysis/`` (or --out).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from analysis.common import MARKERS, jobs_or_exit, ordered, out_dir, palette, parser, save
+from analysis.scaling import SETUP, efficiencies, paper_efficiency
+from gtopk.perfmodel import NetworkProfile
+
+PAPER_STYLE = {"color": "0.6", "linewidth": 1.0, "linestyle": ":", "markersize": 4}
+
+
+def add_model_args(ap) -> None:
+    """Options of the scripts that use measured and modelled efficiencies."""
+    ap.add_argument("--network", help="network profile for the modelled points: profile.json from "
+                    "gtopk.netbench on the cluster the runs used, or `paper` (default: no model)")
+    ap.add_argument("--baseline", default="dense", help="reducer whose P = 1 job gives v_1 (default dense)")
+    ap.add_argument("--local-from", type=int, default=1,
+                    help="P of the jobs whose local times feed the model (default 1)")
+    ap.add_argument("--extend", default="16,32", help="P values modelled beyond the measured ones")
+
+
+def compute(args) -> pd.DataFrame:
+    """Measured + modelled efficiencies for the arguments' runs."""
+    net = NetworkProfile.load(args.network) if args.network else None
+    extend = [int(p) for p in str(args.extend).split(",") if p]
+    return efficiencies(jobs_or_exit(args), net, args.baseline, args.local_from, extend)
+
+
+def panel_title(key: tuple) -> str:
+    s = dict(zip(SETUP, key))
+    return f"{s['model']} ({s['cluster']}, compute {s['compute']})"
+
+
+def plot(eff: pd.DataFrame, ref: pd.DataFrame) -> plt.Figure:
+    """The figure: panels per setup, lines per reducer."""
+    panels = list(eff.groupby(SETUP, dropna=False, sort=True))
+    colours = palette(eff["reducer"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    for ax, (key, g) in zip(axes[0], panels):
+        model = dict(zip(SETUP, key))["model"]
+        for i, red in enumerate(ordered(ref[ref["model"] == model]["reducer"])):
+            p = ref[(ref["model"] == model) & (ref["reducer"] == red)].sort_values("nodes")
+            ax.plot(p["nodes"], p["efficiency"], marker=MARKERS[i % len(MARKERS)], label=f"paper {red}", **PAPER_STYLE)
+        for i, red in enumerate(ordered(g["reducer"])):
+            for kind, style in (("modelled", {"linestyle": "--", "linewidth": 1.2}),
+                                ("measured", {"linestyle": "-", "linewidth": 2.0, "marker": MARKERS[i % len(MARKERS)]})):
+                p = g[(g["reducer"] == red) & (g["kind"] == kind)].sort_values("nodes")
+                if not p.empty:
+                    ax.plot(p["nodes"], p["efficiency"], color=colours[red], label=f"{red} ({kind})", **style)
+        ax.set_xscale("log", base=2)
+        ticks = sorted(set(g["nodes"]) | set(ref[ref["model"] == model]["nodes"]))
+        ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("workers P")
+        ax.set_ylabel("scaling efficiency v_P / v_1")
+        ax.set_title(panel_title(key), fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__.split("\n\n")[0])
+    add_model_args(ap)
+    args = ap.parse_args(argv)
+    eff = compute(args)
+    ref = paper_efficiency(eff["model"].unique())
+    save(plot(eff, ref), pd.concat([eff, ref], ignore_index=True), out_dir(args.roots, args.out), "fig6")
+
+
+if __name__ == "__main__":
+    main()

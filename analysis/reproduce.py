@@ -1,0 +1,143 @@
+"""The ``make reproduce-*`` targets: run the experiments, then the analysis scripts.
+
+    python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce fig5 [--smoke] [HYDRA OVERRIDES...]
+
+Scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share one set of
+runs, ``runs/fig6_reproduce/`` by default (finished jobs are skipped, so running them one
+after another measures once):
+
+1. the cluster: ``cluster=emulated`` (1 Gbit/s shaped namespaces) where root and
+   ``ip``/``tc`` are available, else ``cluster=local`` (loopback) with a warning; a
+   ``cluster=`` override wins;
+2. ``gtopk.netbench`` ping-pong on that cluster, with the same cluster settings: the
+   calibrated alpha-beta profile, ``<runs>/net/<cluster settings>/profile.json``
+   (measured once per cluster setting);
+3. ``gtopk.batch`` with ``DEFAULTS`` (experiment=fig6_reproduce: compute replayed from
+   the p102 profile; VGG-16 and ResNet-20; dense, Top-k, gTop-k and DDP; P = 1, 2, 4, 8),
+   any override replacing the default of its key (``model=vgg16,resnet20,alexnet``);
+4. the analysis scripts with that profile (modelled extension to P = 16 and 32).
+
+fig5 trains (``run.py -m``) dense, Top-k and gTop-k at rho = 0.001, then gTop-k at rho in
+{0.001, 0.0005, 0.0001}, and plots both. It needs CIFAR-10 under ``data.root``;
+``--smoke`` generates a small CIFAR-10-format set and trains a few short epochs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULTS = ["experiment=fig6_reproduce", "model=vgg16,resnet20", "reducer=dense,topk,gtopk,ddp", "nodes=1,2,4,8"]
+FIG5 = ["experiment=fig5_convergence", "model=resnet20", "reducer=dense,topk,gtopk"]
+DENSITY = ["experiment=density_sensitivity", "model=resnet20", "density=0.001,0.0005,0.0001"]
+SMOKE = ["nodes=2", "train.epochs=4", "logger.wandb=false", "data.verify=false"]
+SCALING_SCRIPTS = {"fig6": ["fig6", "commmodel"], "table4": ["table4"], "breakdown": ["breakdown"],
+                   "scaling": ["fig6", "table4", "breakdown", "commmodel"]}
+
+
+def keys(overrides: list[str]) -> set[str]:
+    """The config keys (or groups) that overrides set."""
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+
+
+def merged(defaults: list[str], overrides: list[str]) -> list[str]:
+    """``defaults`` whose key ``overrides`` does not set, then ``overrides``."""
+    given = keys(overrides)
+    return [d for d in defaults if d.split("=", 1)[0] not in given] + list(overrides)
+
+
+def run(cmd: list[str]) -> None:
+    """Run a command from the repository, echoed; exit with its status if it fails."""
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    rc = subprocess.call(cmd, cwd=Path.cwd())
+    if rc:
+        raise SystemExit(f"failed (exit {rc}): {' '.join(cmd[:4])} ...")
+
+
+def pick_cluster(overrides: list[str]) -> list[str]:
+    """Overrides plus ``cluster=local`` when no cluster was chosen and this machine cannot
+    build the emulated one."""
+    if "cluster" in keys(overrides):
+        return overrides
+    from gtopk.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None:
+        return overrides
+    print(f"WARNING: cannot emulate the 1 Gbit/s cluster here ({reason}); running on loopback "
+          "(cluster=local): this machine's own interconnect, not the paper's network", file=sys.stderr, flush=True)
+    return overrides + ["cluster=local"]
+
+
+def cluster_args(cluster_name: str, cluster_cfg: dict) -> tuple[list[str], str]:
+    """netbench overrides that build the same cluster, and a folder name for its profile."""
+    settings = {k: v for k, v in cluster_cfg.items() if k != "_target_"}
+    args = [f"cluster={cluster_name}"] + [f"cluster.{k}={v}" for k, v in settings.items()]
+    return args, "_".join([cluster_name] + [f"{k}-{v}" for k, v in settings.items()])
+
+
+def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
+    """Steps 1-4 of the module docstring for a scaling target."""
+    from gtopk.batch import compose_job, expand
+
+    t0 = time.monotonic()
+    overrides = pick_cluster(merged(DEFAULTS, overrides))
+    first = compose_job(expand(overrides)[0])
+    runs = first.run_dir.parent
+    nb_args, nb_name = cluster_args(first.cfg.cluster_name, dict(first.cfg.cluster))
+    net = runs / "net" / nb_name
+    if not (net / "profile.json").exists():
+        run([sys.executable, "-m", "gtopk.netbench", *nb_args, "collectives.nodes=[]",
+             f"name={first.cfg.cluster_name}", f"out={net}", *netbench])
+    run([sys.executable, "-m", "gtopk.batch", *overrides])
+    for script in SCALING_SCRIPTS[target]:
+        run([sys.executable, "-m", f"analysis.{script}", str(runs), "--network", str(net / "profile.json")])
+    print(f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/ "
+          f"({', '.join(SCALING_SCRIPTS[target])}: .png, .pdf, .csv; table4 also .md); "
+          f"runs in {runs}/, network profile {net / 'profile.json'}", flush=True)
+
+
+def fig5(overrides: list[str], smoke: bool) -> None:
+    """Train the convergence and density runs, then plot them."""
+    extra = list(overrides)
+    if smoke:
+        sys.path.insert(0, str(ROOT))
+        from tests.datagen import write_cifar10
+
+        data = Path("runs/fig5_smoke/data")
+        write_cifar10(data)
+        extra = SMOKE + [f"data.root={data.resolve()}"] + extra
+    roots = []
+    for base, name in ((FIG5, "fig5_convergence"), (DENSITY, "density_sensitivity")):
+        name = f"{name}_smoke" if smoke else name
+        run([sys.executable, str(ROOT / "run.py"), "-m", *merged(base + [f"name={name}"], extra)])
+        roots.append(Path("runs") / name)
+    run([sys.executable, "-m", "analysis.fig5", str(roots[0])])
+    run([sys.executable, "-m", "analysis.fig5", str(roots[1]), "--stem", "density"])
+    print(f"\nfig5: outputs in {roots[0] / 'analysis'}/fig5.{{png,pdf,csv}} and "
+          f"{roots[1] / 'analysis'}/density.{{png,pdf,csv}}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5"]))
+    ap.add_argument("--smoke", action="store_true", help="fig5: small generated data, a few short epochs")
+    ap.add_argument("--netbench", default="", help="extra gtopk.netbench overrides, e.g. \"pingpong.reps=3\"")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
+    args = ap.parse_args(argv)
+    if args.target == "fig5":
+        fig5(args.overrides, args.smoke)
+    else:
+        scaling(args.target, args.overrides, shlex.split(args.netbench))
+
+
+if __name__ == "__main__":
+    main()
