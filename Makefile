@@ -5,12 +5,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# reproduce-*: ARGS = Hydra overrides for the runs (e.g. ARGS="cluster=local compute=measured"),
+# NETBENCH_ARGS = gtopk.netbench overrides (e.g. "pingpong.reps=3"), SMOKE=1 (reproduce-fig5:
+# small generated data).
+ARGS ?=
+NETBENCH_ARGS ?=
+SMOKE ?=
+REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all wandb-sync clean-venv
+.PHONY: help setup test test-all wandb-sync clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
 
 help:  ## List the targets
-	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
 setup: $(STAMP)  ## Create .venv from requirements.lock (idempotent)
 
@@ -31,6 +38,22 @@ test-all: setup  ## Run every test, the slow ones included
 wandb-sync: setup  ## Upload offline wandb runs under runs/ (needs `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' 2>/dev/null); \
 	if [ -z "$$runs" ]; then echo "no offline wandb runs under runs/"; else $(VENV)/bin/wandb sync $$runs; fi
+
+reproduce-fig6: setup  ## Fig. 6 + comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
+	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" $(ARGS)
+
+reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs of reproduce-fig6)
+	$(REPRODUCE) table4 --netbench "$(NETBENCH_ARGS)" $(ARGS)
+
+reproduce-breakdown: setup  ## Time breakdown per model and reducer beside the paper's (the runs of reproduce-fig6)
+	$(REPRODUCE) breakdown --netbench "$(NETBENCH_ARGS)" $(ARGS)
+
+reproduce-fig5: setup  ## Fig. 5: convergence and density sensitivity (CIFAR-10 under data.root; SMOKE=1: generated data)
+	$(REPRODUCE) fig5 $(if $(SMOKE),--smoke) $(ARGS)
+
+reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (SMOKE=1 as for reproduce-fig5)
+	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
+	$(REPRODUCE) fig5 $(if $(SMOKE),--smoke) $(ARGS)
 
 clean-venv:  ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -100,9 +100,9 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     run([sys.executable, "-m", "gtopk.batch", *overrides])
     for script in SCALING_SCRIPTS[target]:
         run([sys.executable, "-m", f"analysis.{script}", str(runs), "--network", str(net / "profile.json")])
-    print(f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/ "
-          f"({', '.join(SCALING_SCRIPTS[target])}: .png, .pdf, .csv; table4 also .md); "
-          f"runs in {runs}/, network profile {net / 'profile.json'}", flush=True)
+    outputs = [f"{s}.csv, {s}.md" if s == "table4" else f"{s}.{{png,pdf,csv}}" for s in SCALING_SCRIPTS[target]]
+    print(f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: {'; '.join(outputs)}. "
+          f"Runs in {runs}/, network profile {net / 'profile.json'}", flush=True)
 
 
 def fig5(overrides: list[str], smoke: bool) -> None:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="fig5: small generated data, a few short epochs")
     ap.add_argument("--netbench", default="", help="extra gtopk.netbench overrides, e.g. \"pingpong.reps=3\"")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.target == "fig5":
         fig5(args.overrides, args.smoke)
     else:

@@ -51,14 +51,13 @@ def ready_times(params: list[nn.Parameter], start: float, t_compute: float,
     """When each parameter's gradient is ready (perf_counter seconds), in parameter
     (forward) order: the backward walks the layers in reverse, one equal share per
     parameter with ndim >= 2; other parameters share their layer's time."""
-    layers = sum(1 for p in params if p.dim() >= 2) or 1
+    layer, of = 0, []
+    for p in params:  # a 1-D parameter belongs to the weight before it (bias, norm)
+        layer += p.dim() >= 2
+        of.append(max(layer, 1))
+    layers = max(layer, 1)
     share = (1.0 - forward_share) * t_compute / layers
-    times, done = [0.0] * len(params), 0
-    for i in reversed(range(len(params))):
-        if params[i].dim() >= 2:
-            done += 1
-        times[i] = start + forward_share * t_compute + max(done, 1) * share
-    return times
+    return [start + forward_share * t_compute + (layers - l + 1) * share for l in of]
 
 
 def replay_backward(net: nn.Module, model: nn.Module, params: list[nn.Parameter], bank: torch.Tensor,
