@@ -14,7 +14,7 @@ SMOKE ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all wandb-sync clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
+.PHONY: help setup test test-all bench wandb-sync clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -32,8 +32,13 @@ $(STAMP): requirements.lock pyproject.toml
 test: setup  ## Run the default test suite (CPU, gloo on loopback)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-all: setup  ## Run every test, the slow ones included
-	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+test-all: setup  ## Run every test, the slow ones included (not the benchmarks)
+	$(PY) -m pytest -q -m "not bench" $(PYTEST_ARGS)
+
+bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON in runs/bench/; a few minutes)
+	@mkdir -p runs/bench
+	$(PY) -m pytest tests/bench -m bench -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
+		--benchmark-json runs/bench/bench-$$(date +%Y%m%d-%H%M%S).json $(PYTEST_ARGS)
 
 wandb-sync: setup  ## Upload offline wandb runs under runs/ (needs `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' 2>/dev/null); \
