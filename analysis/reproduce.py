@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ["experiment=fig6_reproduce", "model=vgg16,resnet20", "reducer=dense,topk,gtopk,ddp", "nodes=1,2,4,8"]
 FIG5 = ["experiment=fig5_convergence", "model=resnet20", "reducer=dense,topk,gtopk"]
 DENSITY = ["experiment=density_sensitivity", "model=resnet20", "density=0.001,0.0005,0.0001"]
-SMOKE = ["nodes=2", "train.epochs=4", "logger.wandb=false", "data.verify=false"]
+SMOKE = ["nodes=2", "train.epochs=4", "train.loader_workers=0", "logger.wandb=false", "data.verify=false"]
 SCALING_SCRIPTS = {"fig6": ["fig6", "commmodel"], "table4": ["table4"], "breakdown": ["breakdown"],
                    "scaling": ["fig6", "table4", "breakdown", "commmodel"]}
 
