@@ -31,9 +31,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gtopk.checks import ConfigError
 from gtopk.compute import ProfileError
-from gtopk.harness import resolve_backend, validate
+from gtopk.harness import ConfigError, resolve_backend, validate
 from gtopk.launch import WorkerError, spawn
 from gtopk.records import SUMMARY
 from gtopk.train import run_worker
