@@ -3,12 +3,20 @@
 Examples:
     python run.py -m reducer=dense,topk,gtopk nodes=4,8,16,32
     python run.py model=vgg16 data=cifar10 mode=train nodes=4 reducer=gtopk density=0.001
+
+Bad input is one line on stderr (exit 2); a failed job exits 1 (a sweep goes on and lists
+its failed jobs at the end); see gtopk.checks and gtopk.jobs.
 """
+
+import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from gtopk.checks import unknown_choice
 from gtopk.harness import run_job
+from gtopk.jobs import EXIT_BAD_INPUT
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -17,4 +25,11 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    problem = unknown_choice(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    if problem:  # before Hydra, whose own message spans lines
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    try:
+        main()
+    except KeyboardInterrupt:  # the job said where it stopped; no traceback
+        sys.exit(130)

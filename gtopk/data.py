@@ -42,8 +42,10 @@ class DataSource:
 
     name = "base"
 
-    def check(self) -> None:
-        """Raise DataError naming the path looked at and how to get the data."""
+    def check(self) -> int | None:
+        """Raise DataError naming the path looked at and how to get the data, if the data
+        is missing or cannot be read; return the number of training samples when known."""
+        return None
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         raise NotImplementedError
@@ -56,6 +58,9 @@ class Synthetic(DataSource):
                  test_size: int = 256, seed: int = 0):
         self.shape, self.num_classes = tuple(shape), num_classes
         self.train_size, self.test_size, self.seed = train_size, test_size, seed
+
+    def check(self) -> int:
+        return self.train_size
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         return (SyntheticDataset(self.shape, self.num_classes, self.train_size, self.seed),
@@ -73,7 +78,8 @@ class Cifar10(DataSource):
         self.download = download
         self.verify = verify  # false: accept files whose MD5 differs from the official release
 
-    def check(self) -> None:
+    def check(self) -> int | None:
+        """Missing files, then a full read (MD5 too unless verify=false; about a second)."""
         folder = self.root / "cifar-10-batches-py"
         missing = [n for n in self.FILES if not (folder / n).is_file()]
         if missing and not self.download:
@@ -81,6 +87,9 @@ class Cifar10(DataSource):
                 f"CIFAR-10 not found: looked for {', '.join(missing)} in {folder}. Fix: extract "
                 f"cifar-10-python.tar.gz under data.root={self.root}, or pass data.download=true."
             )
+        if missing:
+            return None  # the workers download it
+        return len(self.datasets()[0])
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         from torchvision import datasets, transforms as T
@@ -129,7 +138,10 @@ class ImageNet(DataSource):
     def __init__(self, root: str):
         self.root = Path(root).expanduser()
 
-    def check(self) -> None:
+    def check(self) -> int | None:
+        """Both splits are folders of class folders, and the first image of each opens."""
+        from PIL import Image
+
         for split in ("train", "val"):
             folder = self.root / split
             if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
@@ -138,6 +150,16 @@ class ImageNet(DataSource):
                     "out ILSVRC-2012 as data.root/train/<class>/*.JPEG and data.root/val/<class>/"
                     f"*.JPEG (data.root={self.root})."
                 )
+            first = next((f for d in sorted(folder.iterdir()) if d.is_dir() for f in sorted(d.iterdir())), None)
+            try:
+                if first is None:
+                    raise OSError("no image files")
+                with Image.open(first) as im:
+                    im.verify()
+            except OSError as e:
+                raise DataError(f"ImageNet under {folder} could not be read ({first}: {e}). Fix: re-extract "
+                                f"ILSVRC-2012 there (data.root={self.root}).") from None
+        return None  # counting 1.28 M files would take longer than it is worth
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         from torchvision import datasets, transforms as T

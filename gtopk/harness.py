@@ -1,14 +1,18 @@
 """One job: validate the config, then run P workers on this machine or join torchrun's world.
 
-Everything that can be checked without processes is checked here, before any is spawned.
-A job whose ``summary.json`` exists is skipped, so re-running a sweep resumes it.
+Everything that can be checked without processes is checked here, before any is spawned
+(``gtopk.checks``: a one-line error naming the setting and the fix). A job whose
+``summary.json`` exists is skipped, so re-running a sweep resumes it; a job runs under its
+run directory's lock, and a failed one is recorded and, in a sweep, passed over
+(``gtopk.jobs``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from datetime import timedelta
+import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -20,32 +24,30 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from gtopk.cluster import ClusterError
 from gtopk.compute import ProfileError
 
-from gtopk.launch import spawn
-from gtopk.reducers import validate_density
-from gtopk.records import SUMMARY, write_json_atomic
+from gtopk import checks
+from gtopk.checks import ConfigError
+from gtopk.data import DataError
+from gtopk.jobs import EXIT_BAD_INPUT, EXIT_FAILED, JobBusy, job_failed, job_lock, job_started, start_attempt
+from gtopk.launch import PortInUse, WorkerError, join_group, spawn
+from gtopk.records import SUMMARY
 from gtopk.train import run_worker
 
-MODES = ("benchmark", "train")
-
-
-class ConfigError(ValueError):
-    """A setting is invalid; the message names it and the fix."""
+BAD_INPUT = (ConfigError, DataError, PortInUse)  # one-line errors, raised before any worker starts
 
 
 def validate(cfg: DictConfig) -> None:
-    if not isinstance(cfg.nodes, int) or cfg.nodes < 1:
-        raise ConfigError(f"nodes={cfg.nodes!r} must be an integer >= 1, e.g. nodes=4")
-    validate_density(cfg.density)
-    if cfg.mode not in MODES:
-        raise ConfigError(f"mode={cfg.mode!r} is unknown; choose one of {', '.join(MODES)}")
-    if cfg.batch_size < 1 or cfg.grad_accum < 1:
-        raise ConfigError(f"batch_size={cfg.batch_size} and grad_accum={cfg.grad_accum} must be >= 1")
-    if cfg.benchmark.iters < 1:
-        raise ConfigError(f"benchmark.iters={cfg.benchmark.iters} must be >= 1")
-    get_class(cfg.reducer._target_)  # importable
+    """Bad input (``BAD_INPUT``), found without starting any process."""
+    checks.validate(cfg)
+    try:
+        get_class(cfg.reducer._target_)  # importable
+    except Exception as e:  # noqa: BLE001 - any import problem is a bad setting
+        raise ConfigError(f"reducer._target_={cfg.reducer._target_} cannot be imported ({e}); "
+                          "pick reducer=dense|topk|gtopk|ddp or fix the class path") from None
     compute = instantiate(cfg.compute)
     if compute.needs_data:
-        instantiate(cfg.data).check()
+        checks.data_fits(cfg, instantiate(cfg.data).check())
+    if torchrun_world() is None:
+        checks.machine_fits(cfg, resolve_backend(cfg), on_cuda(cfg))
     try:
         instantiate(cfg.cluster).check(cfg.nodes)
     except ClusterError as e:
@@ -59,11 +61,14 @@ def torchrun_world() -> tuple[int, int] | None:
     return None
 
 
+def on_cuda(cfg: DictConfig) -> bool:
+    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+
+
 def resolve_backend(cfg: DictConfig) -> str:
     if cfg.backend != "auto":
         return cfg.backend
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    return "nccl" if use_cuda else "gloo"
+    return "nccl" if on_cuda(cfg) else "gloo"
 
 
 def job_position() -> str:
@@ -86,9 +91,36 @@ def job_position() -> str:
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """Run the job described by ``cfg``; returns images/s per worker (None when skipped)."""
-    validate(cfg)
+    """Run the job described by ``cfg``; returns images/s per worker (None when it did
+    not finish in a sweep, or on torchrun ranks other than 0). Bad input and failures are
+    reported by ``gtopk.jobs.job_failed`` (exit, or on with the sweep); Ctrl-C stops."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    job_started()
+    try:
+        validate(cfg)
+        if torchrun_world() is not None:  # torchrun supervises; every rank shares run_dir
+            return _run(cfg, run_dir)
+        with job_lock(run_dir):
+            return _run(cfg, run_dir)
+    except BAD_INPUT as e:
+        job_failed(run_dir, str(e), EXIT_BAD_INPUT, {"type": type(e).__name__})
+    except JobBusy as e:
+        job_failed(run_dir, str(e), EXIT_BAD_INPUT)  # the run directory is another process's
+    except WorkerError as e:
+        job_failed(run_dir, e.summary(), EXIT_FAILED, {"type": "WorkerError", "failures": e.failures}, str(e))
+    except Exception as e:  # noqa: BLE001 - any other failure of this job: recorded, reported
+        text = traceback.format_exc()
+        job_failed(run_dir, f"{type(e).__name__}: {e}".splitlines()[0], EXIT_FAILED,
+                   {"type": type(e).__name__, "traceback": text}, text)
+    except KeyboardInterrupt:
+        print(f"interrupted: {run_dir} stopped; re-run the same command to resume "
+              "(finished jobs are skipped)", file=sys.stderr, flush=True)
+        raise
+    return None
+
+
+def _run(cfg: DictConfig, run_dir: Path) -> float | None:
+    """The job itself (under its lock unless torchrun started it)."""
     summary_path = run_dir / SUMMARY
     if summary_path.exists():
         print(f"{job_position()}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
@@ -103,11 +135,14 @@ def run_job(cfg: DictConfig) -> float | None:
     backend = resolve_backend(cfg)
     world = torchrun_world()
     if world is None:
-        print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend})", flush=True)
+        cfg_dict["attempt"] = attempt = start_attempt(run_dir)
+        again = f", attempt {attempt}" if attempt > 1 else ""
+        print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend}{again})", flush=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         with instantiate(cfg.cluster).up(cfg.nodes) as placement:  # torn down on any exit
             summary = spawn(run_worker, cfg.nodes, (cfg_dict, str(run_dir)), backend=backend,
-                            timeout=cfg.timeout_s, placement=placement)[0]
+                            timeout=cfg.timeout_s, collective_timeout=cfg.collective_timeout_s,
+                            placement=placement, port=cfg.master_port)[0]
     else:
         rank, size = world
         if size != cfg.nodes:
@@ -117,7 +152,7 @@ def run_job(cfg: DictConfig) -> float | None:
                               "pass cluster=local")
         if rank == 0:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
+        join_group(backend, cfg.timeout_s, cfg.collective_timeout_s)
         try:
             summary = run_worker(rank, size, cfg_dict, str(run_dir))
         finally:

@@ -2,26 +2,47 @@
 
 ``spawn(fn, nprocs, args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` fresh
 processes joined in one process group (gloo on loopback by default), and returns the
-ranks' return values in rank order. A worker that raises, dies, or outlives ``timeout``
-takes the whole group down: the others are terminated after ``grace`` seconds and
-``WorkerError`` carries every failed rank's traceback. Process groups are created and
-destroyed explicitly in each worker (try/finally).
+ranks' return values in rank order. Nothing is left behind, whatever happens:
+
+* A worker that raises or dies (SIGKILL, segfault) takes the whole group down: the others
+  are stopped after ``grace`` seconds and ``WorkerError`` carries every rank's traceback
+  (and the Python stack of each rank that was still running, dumped by faulthandler).
+* A hung rank: once every rank has joined, a collective that waits longer than
+  ``collective_timeout`` raises on the waiting ranks; a watchdog stops the group when a
+  rank reports no progress (``heartbeat()``) for ``timeout`` seconds (P = 1, or every
+  rank stuck outside a collective).
+* The rendezvous port is bound by the parent before any worker starts and handed to rank
+  0 already bound, so concurrent jobs never race for a port (``PortInUse`` if a fixed one
+  is taken); it is free again when ``spawn`` returns.
+* Workers die with their parent (PR_SET_PDEATHSIG), and SIGTERM or Ctrl-C of the parent
+  stops them before it exits. Process groups are created and destroyed explicitly in
+  each worker (try/finally).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
+import faulthandler
 import os
 import pickle
 import queue
+import signal
 import socket
+import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from gtopk.cluster.base import Placement
 
 
 class WorkerError(RuntimeError):
@@ -33,6 +54,21 @@ class WorkerError(RuntimeError):
         for rank, text in sorted(failures.items()):
             lines.append(f"--- rank {rank} ---\n{text.rstrip()}")
         super().__init__("\n".join(lines))
+
+    #: how the launcher's own reports start: a rank stopped because another one failed
+    STOPPED = "stopped:"
+    #: texts of ranks that failed because another one did (a closed connection, a stop)
+    CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", STOPPED)
+
+    def summary(self) -> str:
+        """One line: the first rank that failed on its own, and its error's last line."""
+        ranks = sorted(self.failures)
+        own = [r for r in ranks if not any(c in self.failures[r] for c in self.CONSEQUENCES)] or ranks
+        lines = [ln.strip() for ln in self.failures[own[0]].splitlines() if ln.strip()]
+        last = next((ln for ln in reversed(lines) if not ln.startswith(("File ", "^", "~"))), "?")
+        running = [r for r in ranks if self.failures[r].startswith(self.STOPPED + " still running")]
+        tail = f"; rank(s) {running} still running when stopped (hung?)" if running else ""
+        return f"rank {own[0]}: {last[:300]}{tail}"
 
 
 def free_port() -> int:
@@ -47,14 +83,89 @@ def threads_per_worker(nprocs: int) -> int:
     return max(1, (os.cpu_count() or 1) // nprocs)
 
 
-def _worker(rank: int, nprocs: int, port: int, backend: str, timeout: float,
-            fn: Callable, args: tuple, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      RANK=str(rank), WORLD_SIZE=str(nprocs))
+class PortInUse(ValueError):
+    """The fixed rendezvous port is taken; raised before any worker starts."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: a free port), kept bound until closed."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise PortInUse(f"master_port={port}: {host}:{port} is in use ({e.strerror}); pass master_port=0 "
+                        "to pick a free port, or another port") from None
+    return sock
+
+
+_beats: Any = None  # this worker's slot in spawn's heartbeat array (None outside spawn)
+_rank = 0
+
+
+def heartbeat() -> None:
+    """Tell spawn's watchdog that this rank made progress (no-op outside spawn)."""
+    if _beats is not None:
+        _beats[_rank] = time.monotonic()
+
+
+def join_group(backend: str, startup_timeout: float, collective_timeout: float, **init: Any) -> None:
+    """Collective: ``init_process_group`` with ``startup_timeout`` (the slowest rank's
+    start-up), a barrier (every rank is up), then ``collective_timeout`` for every later
+    operation, so that a hung peer is noticed soon."""
+    dist.init_process_group(backend, timeout=timedelta(seconds=startup_timeout), **init)
+    dist.barrier()
+    dist.set_timeout(timedelta(seconds=collective_timeout))
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What every worker needs besides its rank (picklable)."""
+
+    backend: str
+    startup_timeout: float
+    collective_timeout: float
+    beats: Any
+    stack_dir: str
+    parent: int
+
+
+_stack_file: Any = None  # kept open: faulthandler writes this worker's stacks into it
+
+
+def _worker(rank: int, nprocs: int, placement: Placement, store_sock: socket.socket | None,
+            setup: _Setup, fn: Callable, args: tuple, results: Any) -> None:
+    global _beats, _rank, _stack_file
+    _die_with_parent()
+    if os.getppid() != setup.parent:  # the parent died before PR_SET_PDEATHSIG took effect
+        os._exit(1)
+    _beats, _rank = setup.beats, rank
+    _stack_file = open(Path(setup.stack_dir) / f"rank{rank}.txt", "w")
+    faulthandler.enable(_stack_file)  # fatal signals (segfault, abort): the stack, then death
+    faulthandler.register(signal.SIGUSR1, _stack_file)  # spawn asks before it stops a live rank
+    try:
+        placement.enter(rank)  # its network namespace, MASTER_ADDR/PORT, socket ifname
+    except BaseException:  # noqa: BLE001
+        results.put((rank, False, traceback.format_exc()))
+        return
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nprocs))
     torch.set_num_threads(threads_per_worker(nprocs))
     try:
-        dist.init_process_group(backend, rank=rank, world_size=nprocs,
-                                timeout=timedelta(seconds=timeout))
+        fd = None if store_sock is None else store_sock.detach()  # the store owns it now
+        store = dist.TCPStore(placement.master_addr, placement.master_port, nprocs, rank == 0,
+                              timedelta(seconds=setup.startup_timeout), wait_for_workers=False,
+                              master_listen_fd=fd)
+        join_group(setup.backend, setup.startup_timeout, setup.collective_timeout,
+                   store=store, rank=rank, world_size=nprocs)
         try:
             out = fn(rank, nprocs, *args)
         finally:
@@ -66,57 +177,153 @@ def _worker(rank: int, nprocs: int, port: int, backend: str, timeout: float,
 
 
 def spawn(fn: Callable, nprocs: int, args: tuple = (), backend: str = "gloo",
-          timeout: float = 120.0, grace: float = 5.0) -> list[Any]:
+          timeout: float = 120.0, grace: float = 5.0, placement: Placement | None = None,
+          collective_timeout: float | None = None, port: int = 0) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` processes; return results by rank.
 
-    ``fn`` must be importable (module level). ``timeout`` bounds the whole run and is
-    also the process group's collective timeout.
+    ``fn`` must be importable (module level); it may call ``heartbeat()`` as it makes
+    progress. ``timeout``: the watchdog stops the group when a running rank has not
+    called ``heartbeat()`` for this long (since its start, for functions that never
+    call it), and it bounds the ranks' start-up. ``collective_timeout`` (default
+    ``timeout``): once every rank has joined, a collective that waits longer raises.
+    ``grace``: how long the others get to report after the first failure.
+    ``placement`` (from ``gtopk.cluster``) says where each rank runs; default: loopback,
+    where ``port`` (0: a free one) is bound here and passed to rank 0 already bound.
     """
     if nprocs < 1:
         raise ValueError(f"nodes={nprocs} must be >= 1")
+    placement = placement or Placement(master_addr="127.0.0.1", master_port=port)
+    sock = None
+    if not placement.namespaces:  # this machine's loopback: hold the rendezvous port from now on
+        sock = listen(placement.master_addr, port)
+        placement = dataclasses.replace(placement, master_port=sock.getsockname()[1])
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, nprocs, port, backend, timeout, fn, args, results))
-             for r in range(nprocs)]
-    for p in procs:
-        p.start()
+    beats = ctx.Array("d", [time.monotonic()] * nprocs, lock=False)
     outputs: dict[int, Any] = {}
     failures: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    first_failure: float | None = None
-    try:
-        while len(outputs) + len(failures) < nprocs:
-            now = time.monotonic()
-            if now > deadline or (first_failure is not None and now > first_failure + grace):
-                break
-            try:
-                rank, ok, payload = results.get(timeout=0.2)
-            except queue.Empty:
-                for r, p in enumerate(procs):  # died without reporting (SIGKILL, segfault)
-                    if not p.is_alive() and r not in outputs and r not in failures and p.exitcode != 0:
-                        failures[r] = f"process exited with code {p.exitcode} before reporting"
-                        first_failure = first_failure or time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gtopk-stacks-") as stack_dir, _signals_stop():
+        setup = _Setup(backend, timeout, collective_timeout or timeout, beats, stack_dir, os.getpid())
+        procs = [ctx.Process(target=_worker, daemon=True,
+                             args=(r, nprocs, placement, sock if r == 0 else None, setup, fn, args, results))
+                 for r in range(nprocs)]
+        try:
+            for p in procs:
+                p.start()
+            if sock is not None:
+                sock.close()  # rank 0 holds its own copy
+            hung = _supervise(procs, results, beats, timeout, grace, outputs, failures)
+            running = [r for r, p in enumerate(procs)
+                       if p.is_alive() and (r in hung or (r not in failures and r not in outputs))]
+            stacks = _dump_stacks(procs, running, stack_dir) if failures else {}
+        finally:
+            if sock is not None:
+                sock.close()
+            _stop(procs)
+        for r, p in enumerate(procs):
+            if r in outputs:
                 continue
+            text = failures.get(r, f"{WorkerError.STOPPED} still running when the group was stopped "
+                                   "(another rank failed first)")
+            stack = stacks.get(r) or (_read(stack_dir, r) if (p.exitcode or 0) < 0 else "")
+            failures[r] = text + (f"\nits Python stack then:\n{stack}" if stack else "")
+    if failures:
+        raise WorkerError(failures)
+    return [outputs[r] for r in range(nprocs)]
+
+
+def _supervise(procs: list, results: Any, beats: Any, timeout: float, grace: float,
+               outputs: dict[int, Any], failures: dict[int, str]) -> set[int]:
+    """Collect results until every rank reported, or ``grace`` after the first failure.
+    A rank that died without reporting, or made no progress for ``timeout``, failed;
+    returns the latter (hung) ranks."""
+    first: float | None = None
+    gone: dict[int, float] = {}
+    hung: set[int] = set()
+    while len(outputs) + len(failures) < len(procs):
+        if first is not None and time.monotonic() > first + grace:
+            break
+        try:
+            rank, ok, payload = results.get(timeout=0.1)
             if ok:
                 outputs[rank] = pickle.loads(payload)
             else:
                 failures[rank] = payload
-                first_failure = first_failure or time.monotonic()
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        for r, p in enumerate(procs):
+            if r in outputs or r in failures:
+                continue
+            if p.is_alive():
+                if now - beats[r] > timeout:
+                    failures[r] = f"no progress for {now - beats[r]:.0f}s (watchdog timeout {timeout:g}s): hung?"
+                    hung.add(r)
+            elif p.exitcode != 0:
+                failures[r] = f"process exited with {_exit_reason(p.exitcode)} before reporting"
+            elif now - gone.setdefault(r, now) > 2.0:  # its result would have arrived by now
+                failures[r] = "process exited (code 0) without reporting a result"
+        if failures and first is None:
+            first = now
+    return hung
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"code {code}"
+
+
+def _read(stack_dir: str, rank: int) -> str:
+    try:
+        return (Path(stack_dir) / f"rank{rank}.txt").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _dump_stacks(procs: list, ranks: list[int], stack_dir: str, wait: float = 1.0) -> dict[int, str]:
+    """Ask the running ``ranks`` for their Python stacks (SIGUSR1 -> faulthandler)."""
+    for r in ranks:
+        with contextlib.suppress(OSError):
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    deadline = time.monotonic() + wait
+    stacks: dict[int, str] = {}
+    while time.monotonic() < deadline and len(stacks) < len(ranks):
+        time.sleep(0.05)
+        stacks = {r: text for r in ranks if (text := _read(stack_dir, r))}
+    return stacks
+
+
+def _stop(procs: list) -> None:
+    """Terminate, then kill, every worker still running; reap them all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+@contextlib.contextmanager
+def _signals_stop() -> Iterator[None]:
+    """In the main thread, SIGTERM and SIGHUP raise SystemExit(128 + signal), so that
+    ``spawn`` stops its workers before the process exits (Ctrl-C already raises)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    missing = [r for r in range(nprocs) if r not in outputs and r not in failures]
-    for r in missing:
-        failures[r] = ("stopped: another rank failed first" if failures
-                       else f"no result within timeout={timeout}s (hung?)")
-    if failures:
-        raise WorkerError(failures)
-    return [outputs[r] for r in range(nprocs)]
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -2,7 +2,9 @@
 
 * ``config.yaml``: the resolved config; ``env.json``: versions, device, CPU/GPU, git commit.
 * ``iters.rank<r>.jsonl``: one line per iteration and rank (timings, record), appended
-  and flushed line by line; ``epochs.jsonl``: per-epoch metrics (rank 0).
+  and flushed line by line; ``epochs.jsonl``: per-epoch metrics (rank 0). A crash can
+  leave a half-written last line: appending first closes it off with a newline, and
+  ``read_jsonl`` skips it (never fatal). Rows carry the job's ``attempt``.
 * ``summary.json``: medians over all ranks' post-warm-up iterations; written atomically
   (temp file + rename), so its presence means the job finished.
 """
@@ -34,11 +36,14 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class JsonLines:
-    """Append-only JSON-lines file; every line is flushed as it is written."""
+    """Append-only JSON-lines file; every line is flushed as it is written. A half-written
+    last line left by a crash is closed off (newline) before the first new line."""
 
     def __init__(self, path: Path):
         self.path = path
         self.f = open(path, "a", buffering=1)
+        if path.stat().st_size and not _ends_with_newline(path):
+            self.f.write("\n")
 
     def write(self, row: dict) -> None:
         self.f.write(json.dumps(row, default=float) + "\n")
@@ -46,6 +51,12 @@ class JsonLines:
 
     def close(self) -> None:
         self.f.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -96,15 +107,26 @@ def environment(device: str, backend: str) -> dict:
 
 def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int) -> dict:
     """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
-    slowest and where it is fastest both count)."""
+    slowest and where it is fastest both count); steps skipped for a non-finite gradient
+    are counted (iterations), not timed."""
     rows = [r for r in rows if not r.get("warmup")]
+    skipped = len({r.get("iter") for r in rows if r.get("nonfinite")})
+    rows = [r for r in rows if not r.get("nonfinite")]
     if not rows:
         raise ValueError("no post-warm-up iterations were recorded; raise benchmark.iters")
     med = {k: statistics.median(r[k] for r in rows) for k in TIMINGS}
     out = dict(meta)
     out.update(med)
     out["iterations"] = len(rows)
+    out["steps_skipped_nonfinite"] = skipped
     out["images_per_s_per_worker"] = images_per_iter / med["t_iter"]
     out["bytes_sent_per_iter"] = statistics.median(r["bytes_sent"] for r in rows)
     out["bytes_recv_per_iter"] = statistics.median(r["bytes_recv"] for r in rows)
+    # t_commu of the rank that entered each step's collective last (it waited for no
+    # other rank's compute or selection): the collective's own time, skew excluded
+    by_iter: dict = {}
+    for r in rows:
+        by_iter.setdefault(r.get("iter"), []).append(r["t_commu"])
+    out["t_commu_last_arrival"] = statistics.median(min(v) for v in by_iter.values())
+    out["t_merge"] = statistics.median(r.get("t_merge", 0.0) for r in rows)
     return out
