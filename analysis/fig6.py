@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from analysis.common import MARKERS, jobs_or_exit, ordered, out_dir, palette, parser, save
-from analysis.scaling import SETUP, efficiencies, paper_efficiency
+from analysis.scaling import BASELINE, SETUP, efficiencies, paper_efficiency
 from gtopk.perfmodel import NetworkProfile
 
 PAPER_STYLE = {"color": "0.6", "linewidth": 1.0, "linestyle": ":", "markersize": 4}
@@ -24,7 +24,8 @@ def add_model_args(ap) -> None:
     """Options of the scripts that use measured and modelled efficiencies."""
     ap.add_argument("--network", help="network profile for the modelled points: profile.json from "
                     "gtopk.netbench on the cluster the runs used, or `paper` (default: no model)")
-    ap.add_argument("--baseline", default="dense", help="reducer whose P = 1 job gives v_1 (default dense)")
+    ap.add_argument("--baseline", default=BASELINE, help="reducers whose P = 1 job gives v_1, the first found "
+                    f"per setup (default {BASELINE})")
     ap.add_argument("--local-from", type=int, default=1,
                     help="P of the jobs whose local times feed the model (default 1)")
     ap.add_argument("--extend", default="16,32", help="P values modelled beyond the measured ones")

@@ -1,10 +1,11 @@
 """Scaling efficiency e(P) = v_P / v_1 (v: images/s per worker): measured, modelled, paper.
 
 Which v_1: one per model and setup, as in the paper (which used one single-node
-throughput per model for all methods): the P = 1 job of the *baseline* reducer (default
-``dense``: plain single-worker SGD, no selection, no communication). The sparse lines
-therefore start below 1 at P = 1 when their top-k selection costs time, as it would on a
-single machine. A setup is one experiment on one cluster with one compute source, model,
+throughput per model for all methods): the P = 1 job of the *baseline* reducer, by default
+``ddp`` (at P = 1 that is plain single-worker SGD: DDP wraps the model only for P > 1,
+and its reduce returns the gradient as it is, without the copy the dense reducer makes),
+else ``dense``. The sparse lines therefore start below 1 at P = 1 when their top-k
+selection costs time, as it would on a single machine. A setup is one experiment on one cluster with one compute source, model,
 batch and density (``SETUP``); runs of different setups are never mixed.
 
 Modelled points (``modelled``): t_commu from the reducer class's alpha-beta formula with a
@@ -29,22 +30,32 @@ from gtopk.perfmodel import LOCAL_TIMES, NetworkProfile, predict_iter
 
 SETUP = ["name", "cluster", "compute", "model", "batch_per_worker", "grad_accum_steps", "density"]
 V = "images_per_s_per_worker"
+#: reducers whose P = 1 job gives v_1, the first one found in a setup
+BASELINE = "ddp,dense"
 
 
 def _setups(jobs: pd.DataFrame):
     return jobs.groupby(SETUP, dropna=False, sort=True)
 
 
-def baseline_v1(jobs: pd.DataFrame, baseline: str = "dense") -> pd.DataFrame:
-    """v_1 per setup: the median throughput of the baseline reducer's P = 1 jobs."""
-    one = jobs[(jobs["nodes"] == 1) & (jobs["reducer"] == baseline)]
-    if one.empty:
-        raise ValueError(f"no P = 1 job of reducer={baseline} found: it gives v_1; run it "
-                         f"(nodes=1 reducer={baseline}) or pick another baseline")
-    return one.groupby(SETUP, dropna=False)[V].median().rename("v1").reset_index()
+def baseline_v1(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """v_1 per setup: the median throughput of the P = 1 jobs of the first reducer in
+    ``baseline`` (comma-separated) that has one in that setup; ``v1_from`` names it."""
+    order = [b.strip() for b in baseline.split(",") if b.strip()]
+    rows = []
+    for key, g in _setups(jobs):
+        for red in order:
+            one = g[(g["nodes"] == 1) & (g["reducer"] == red)]
+            if not one.empty:
+                rows.append({**dict(zip(SETUP, key)), "v1": float(one[V].median()), "v1_from": red})
+                break
+    if not rows:
+        raise ValueError(f"no P = 1 job of reducer={baseline} found: it gives v_1; run one "
+                         f"(nodes=1 reducer={order[0]}) or pick another --baseline")
+    return pd.DataFrame(rows)
 
 
-def measured(jobs: pd.DataFrame, baseline: str = "dense") -> pd.DataFrame:
+def measured(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """e(P) of every (setup, reducer, P) measured; duplicates (same setup, reducer and P)
     give their median throughput (``n_jobs`` says how many)."""
     v = (jobs.groupby(SETUP + ["reducer", "nodes"], dropna=False)[V]
@@ -84,7 +95,7 @@ def local_times(jobs: pd.DataFrame, local_from: int = 1) -> pd.DataFrame:
 
 
 def modelled(jobs: pd.DataFrame, net: NetworkProfile, nodes: Sequence[int] | None = None,
-             baseline: str = "dense", local_from: int = 1, extend_to: Iterable[int] = (16, 32)) -> pd.DataFrame:
+             baseline: str = BASELINE, local_from: int = 1, extend_to: Iterable[int] = (16, 32)) -> pd.DataFrame:
     """e(P) predicted by the calibrated model at ``nodes`` (default: every measured P and
     ``extend_to``), one line per (setup, reducer)."""
     if nodes is None:
@@ -116,7 +127,7 @@ def paper_efficiency(models: Iterable[str] | None = None) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def efficiencies(jobs: pd.DataFrame, net: NetworkProfile | None, baseline: str = "dense", local_from: int = 1,
+def efficiencies(jobs: pd.DataFrame, net: NetworkProfile | None, baseline: str = BASELINE, local_from: int = 1,
                  extend_to: Iterable[int] = (16, 32)) -> pd.DataFrame:
     """Measured and (when ``net`` is given) modelled e(P), in one frame (``kind``)."""
     parts = [measured(jobs, baseline)]

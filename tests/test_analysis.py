@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from analysis import breakdown, commmodel, fig5, fig6, table4
+from analysis import breakdown, commmodel, fig5, fig6, scaling, table4
 from analysis.load import _merge, load_epochs, load_jobs, wandb_rows
 from gtopk.perfmodel import NetworkProfile
 from gtopk.replay_backward import ready_times
@@ -27,7 +27,7 @@ REDUCERS = {
 M, BATCH = 1_000_000, 100          # parameters, images per step
 ALPHA, BETA = 1e-3, 1e-8           # the test network: 1 ms per message, 100 MB/s
 # t_iter (s) per (reducer, P): v = 100 / t_iter images/s per worker
-T_ITER = {("dense", 1): 0.100, ("dense", 2): 0.125, ("dense", 4): 0.200,
+T_ITER = {("dense", 1): 0.105, ("dense", 2): 0.125, ("dense", 4): 0.200,
           ("topk", 1): 0.100, ("topk", 2): 0.115, ("topk", 4): 0.125,
           ("gtopk", 1): 0.100, ("gtopk", 2): 0.112, ("gtopk", 4): 0.116,
           ("ddp", 1): 0.100, ("ddp", 2): 0.110, ("ddp", 4): 0.160}
@@ -86,7 +86,7 @@ def test_fig6_measured_and_modelled_efficiency(runs):
     outputs_exist(root, "fig6")
     df = csv(root, "fig6")
     meas = df[df["kind"] == "measured"].set_index(["reducer", "nodes"])["efficiency"]
-    for (reducer, P), t in T_ITER.items():  # v_1: dense at P = 1 (t_iter 0.1 s) for every line
+    for (reducer, P), t in T_ITER.items():  # v_1: ddp at P = 1 (t_iter 0.1 s) for every line
         assert meas[(reducer, P)] == pytest.approx(0.100 / t)
     mod = df[df["kind"] == "modelled"].set_index(["reducer", "nodes"])
     assert sorted(mod.loc["gtopk"].index) == [1, 2, 4, 16, 32]
@@ -100,6 +100,16 @@ def test_fig6_measured_and_modelled_efficiency(runs):
     assert mod.loc[("ddp", 32), "efficiency"] == pytest.approx(0.100 / (0.100 - 0.080 + max(0.080, ring)))
     paper = df[df["kind"] == "paper"].set_index(["model", "reducer", "nodes"])["efficiency"]
     assert paper[("resnet20", "gtopk", 32)] == pytest.approx(789.3 / 920.632)
+
+
+def test_v1_falls_back_to_dense_without_a_ddp_job(runs):
+    root, _ = runs
+    jobs = load_jobs([root])
+    eff = scaling.measured(jobs[jobs["reducer"] != "ddp"]).set_index(["reducer", "nodes"])
+    assert set(eff["v1_from"]) == {"dense"}
+    assert eff.loc[("gtopk", 4), "efficiency"] == pytest.approx(0.105 / 0.116)
+    with pytest.raises(ValueError, match="no P = 1 job"):
+        scaling.measured(jobs[jobs["nodes"] > 1])
 
 
 def test_table4_speedups(runs):
