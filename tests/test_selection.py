@@ -234,3 +234,33 @@ def test_topk_indices_other_dtypes(small_sizes, dtype):
     x = torch.randn(4000, generator=torch.Generator().manual_seed(3)).to(dtype)
     for k in (1, 40, 400):
         assert torch.equal(small_sizes(x, k)[0], brute_topk(x.double(), k))
+
+
+def _merge_by_sorting(ia, va, ib, vb, k):
+    """Brute-force merge: sort the union, sum duplicates, stable sort by |value|."""
+    idx = torch.cat([ia, ib])
+    val = torch.cat([va, vb])
+    uniq, inverse = torch.unique(idx, sorted=True, return_inverse=True)
+    summed = torch.zeros(uniq.numel()).index_add_(0, inverse, val)
+    if uniq.numel() <= k:
+        return uniq, summed
+    order = torch.sort(summed.abs(), descending=True, stable=True).indices[:k].sort().values
+    return uniq[order], summed[order]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merge_equals_brute_force_including_empty_and_overlapping_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    for trial in range(150):
+        m = int(torch.randint(1, 120, (1,), generator=g))
+        na, nb, k = (int(torch.randint(lo, m + 1, (1,), generator=g)) for lo in (0, 0, 1))
+        if na + nb == 0:
+            continue
+        ia = torch.randperm(m, generator=g)[:na].sort().values
+        ib = torch.randperm(m, generator=g)[:nb].sort().values
+        draw = (lambda n: torch.randint(-2, 3, (n,), generator=g).float()) if trial % 2 else \
+            (lambda n: torch.randn(n, generator=g))
+        va, vb = draw(na), draw(nb)
+        got = merge(ia, va, ib, vb, k)
+        want = _merge_by_sorting(ia, va, ib, vb, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (m, na, nb, k)
