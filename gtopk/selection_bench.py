@@ -4,12 +4,17 @@
 k = int(0.001 m), ``topk_indices(x, k)``, ``torch.topk(x.abs(), k)`` and the yardstick
 ``x.abs().max()``. The three are called round-robin (so that load from other processes
 hits all of them alike), and the table shows the medians and the ratios of the medians
-to ``x.abs().max()`` — with torch's default thread count and with one thread.
+to ``x.abs().max()`` — with torch's default thread count and with one thread — and the
+median time of ``merge`` of two k-entry sparse vectors.
+
+``python -m gtopk.selection_bench --from-json runs/bench/bench-<time>.json`` prints the
+same table from the medians of a ``make bench`` run, and its harness-overhead figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Callable
@@ -92,13 +97,46 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def from_bench_json(path: str) -> tuple[list[dict], dict | None]:
+    """``measure``-style rows and the harness figures from a pytest-benchmark JSON file
+    written by ``make bench`` (medians of that run)."""
+    benches = json.loads(open(path).read())["benchmarks"]
+    med: dict[tuple[str, int], dict] = {}
+    harness = None
+    for b in benches:
+        info = b["extra_info"]
+        if b["name"].startswith("test_harness_overhead"):
+            harness = info
+            continue
+        kind = "merge" if b["name"].startswith("test_merge") else info["kind"]
+        med.setdefault((info["m"], info["threads"]), {})[kind] = b["stats"]["median"]
+    names = {m: model for model, m in SIZES.items()}
+    rows = []
+    for (m, threads), t in sorted(med.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+        if {"abs_max", "topk_indices", "torch_topk", "merge"} <= set(t):
+            rows.append({"model": names.get(m, "?"), "m": m, "k": int(DENSITY * m), "threads": threads, **t,
+                         "ratio_topk_indices": t["topk_indices"] / t["abs_max"],
+                         "ratio_torch_topk": t["torch_topk"] / t["abs_max"]})
+    return rows, harness
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the table for torch's default thread count and for one thread."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15, help="timed rounds per size (default 15)")
     ap.add_argument("--threads", type=int, nargs="*", default=None,
                     help="thread counts to measure (default: torch's default, then 1)")
+    ap.add_argument("--from-json", metavar="PATH", help="print the medians of a `make bench` JSON file instead")
     args = ap.parse_args(argv)
+    if args.from_json:
+        rows, harness = from_bench_json(args.from_json)
+        print(f"medians from {args.from_json}")
+        print(table(rows))
+        if harness:
+            print(f"harness overhead (ResNet-20, P = 1, batch 128, {harness['iterations']:.0f} iterations): "
+                  f"median {harness['overhead_ratio'] * 100:.2f} % of t_iter "
+                  f"({harness['overhead'] * 1e3:.2f} ms of {harness['t_iter'] * 1e3:.1f} ms)")
+        return
     threads = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
     rows = [row for t in threads for row in measure(t, args.reps)]
     print(f"torch {torch.__version__}, fp32, k = int({DENSITY} m), medians of {args.reps} round-robin rounds")
