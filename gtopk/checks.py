@@ -3,8 +3,8 @@ one-line message names the setting and the fix (``run.py`` prints it as one line
 
 * ``unknown_choice``: a config group choice on the command line (``reducer=``, ``model=``,
   ``data=``, ``cluster=``, ... any folder of ``conf/``) that has no file, with the choices.
-* ``validate``: the top-level settings (nodes, density, mode, batch, timeouts, port,
-  fault injection, ``nonfinite``).
+* ``validate``: the top-level settings (nodes, density, mode, batch, timeouts, a fixed
+  ``master_port`` that is free, fault injection, ``nonfinite``).
 * ``data_fits``: every rank's share of the training set holds at least one step.
 * ``machine_fits``: the workers this job would spawn fit this machine (below).
 
@@ -30,6 +30,7 @@ import torch
 from hydra.utils import instantiate
 
 from gtopk.faults import NONFINITE, FaultSpec
+from gtopk.launch import listen
 from gtopk.reducers import validate_density
 
 MODES = ("benchmark", "train")
@@ -92,6 +93,8 @@ def validate(cfg: Any) -> None:
     port = cfg.get("master_port", 0)
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"master_port={port!r} must be a TCP port (1-65535), or 0 to pick a free one")
+    if port:
+        listen("127.0.0.1", port).close()  # PortInUse (bad input) names master_port; spawn binds it again
     problems = FaultSpec.from_cfg(cfg.get("fault")).problems()
     if problems:
         raise ConfigError(problems[0])

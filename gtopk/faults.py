@@ -21,6 +21,7 @@ iteration's record holds ``nonfinite_ranks`` and ``nonfinite`` (the action, or n
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -77,7 +78,10 @@ class FaultSpec:
     @classmethod
     def from_cfg(cls, node: Any) -> "FaultSpec":
         node = node or {}
-        return cls(kind=node.get("kind"), rank=node.get("rank", 0), at_iter=node.get("at_iter", 0))
+        kind = node.get("kind")
+        if isinstance(kind, float) and math.isnan(kind):  # Hydra reads fault.kind=nan as a float
+            kind = "nan"
+        return cls(kind=kind, rank=node.get("rank", 0), at_iter=node.get("at_iter", 0))
 
     def problems(self) -> list[str]:
         """What is wrong with the settings, each naming the setting and the fix."""

@@ -88,8 +88,11 @@ class PortInUse(ValueError):
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (0: a free port), kept bound until closed."""
+    """A listening socket on host:port (0: a free port), kept bound until closed.
+    SO_REUSEADDR, as TCPStore sets it: a port whose last job's connections linger in
+    TIME_WAIT can be reused at once, while one that something listens on cannot."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
         sock.listen(1024)
@@ -149,6 +152,7 @@ def _worker(rank: int, nprocs: int, placement: Placement, store_sock: socket.soc
     if os.getppid() != setup.parent:  # the parent died before PR_SET_PDEATHSIG took effect
         os._exit(1)
     _beats, _rank = setup.beats, rank
+    heartbeat()  # imports done: the watchdog counts from here
     _stack_file = open(Path(setup.stack_dir) / f"rank{rank}.txt", "w")
     faulthandler.enable(_stack_file)  # fatal signals (segfault, abort): the stack, then death
     faulthandler.register(signal.SIGUSR1, _stack_file)  # spawn asks before it stops a live rank
@@ -166,6 +170,7 @@ def _worker(rank: int, nprocs: int, placement: Placement, store_sock: socket.soc
                               master_listen_fd=fd)
         join_group(setup.backend, setup.startup_timeout, setup.collective_timeout,
                    store=store, rank=rank, world_size=nprocs)
+        heartbeat()
         try:
             out = fn(rank, nprocs, *args)
         finally:

@@ -37,20 +37,24 @@ def assert_identical(model: nn.Module) -> None:
 
 
 class Checkpoints:
-    """One file per rank and epoch: model, optimiser and the reducer's residual (which is
-    per rank). Saved atomically; ``load`` returns the next epoch to run."""
+    """One file per rank and epoch: model, optimiser, the reducer's residual (which is
+    per rank) and the epoch's metrics. Saved atomically; ``load`` returns the next epoch to
+    run and leaves the restored epoch's metrics in ``metrics`` (so that a crash between
+    saving an epoch and recording it loses no record)."""
 
     def __init__(self, folder: Path, rank: int):
         self.folder, self.rank = folder, rank
+        self.metrics: dict | None = None
         folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self) -> Path:
         return self.folder / f"rank{self.rank}.pt"
 
-    def save(self, w, epoch: int) -> None:
+    def save(self, w, epoch: int, metrics: dict | None = None) -> None:
+        """Collective (a barrier after every rank saved)."""
         feedback = getattr(w.reducer, "feedback", None)
         state = {"epoch": epoch, "model": w.model.state_dict(), "opt": w.opt.state_dict(),
-                 "residual": None if feedback is None else feedback.residual}
+                 "residual": None if feedback is None else feedback.residual, "metrics": metrics}
         tmp = self._path().with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self._path())
@@ -75,5 +79,6 @@ class Checkpoints:
         feedback = getattr(w.reducer, "feedback", None)
         if feedback is not None:
             feedback.residual = state["residual"]
+        self.metrics = state.get("metrics")
         assert_identical(w.model)
         return epoch + 1

@@ -24,7 +24,7 @@ from gtopk.faults import FaultInjector, FaultSpec, NonFiniteGuard
 from gtopk.launch import heartbeat
 from gtopk.reducers.base import Clock, ReduceRecord
 from gtopk.recipe import DensitySchedule, LRSchedule
-from gtopk.records import JsonLines, environment, summarize, write_json_atomic
+from gtopk.records import JsonLines, environment, read_jsonl, summarize, write_json_atomic
 from gtopk.reporting import Progress, WandbLogger
 from gtopk.state import Checkpoints, assert_identical, broadcast_and_check
 
@@ -146,6 +146,7 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
     run_dir = Path(run_dir)
     device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", rank)))
     w = Worker(rank, world, cfg, run_dir, device)
+    heartbeat()  # model and data are ready
     meta = {"reducer": cfg.reducer_name, "model": cfg.model_name, "data": cfg.data_name,
             "params": w.m, "nodes": world, "density": cfg.density, "mode": cfg.mode,
             "batch_per_worker": cfg.batch_size, "grad_accum_steps": cfg.grad_accum,
@@ -217,6 +218,9 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     if cfg.train.max_iters_per_epoch:
         per_epoch = min(per_epoch, cfg.train.max_iters_per_epoch)
     epochs_log = JsonLines(w.run_dir / "epochs.jsonl") if w.rank == 0 else None
+    recorded = {e.get("epoch") for e in read_jsonl(w.run_dir / "epochs.jsonl")} if epochs_log else set()
+    if epochs_log and ckpt.metrics and ckpt.metrics["epoch"] not in recorded:
+        epochs_log.write(ckpt.metrics)  # saved, but the last run stopped before recording it
     it_global = start * per_epoch
     for epoch in range(start, cfg.train.epochs):
         if hasattr(w.reducer, "density"):
@@ -231,7 +235,7 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
             it_global += 1
             progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {row['loss']:.3f}")
         metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
-        ckpt.save(w, epoch)  # before the epoch is recorded: a recorded epoch is never re-run
+        ckpt.save(w, epoch, metrics)  # before the epoch is recorded: a recorded epoch is never re-run
         if epochs_log:
             epochs_log.write(metrics)
             progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)

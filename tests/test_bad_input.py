@@ -4,11 +4,15 @@ possible, and no hang where a rank's input differs from the others'."""
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 
 import pytest
 
-from gtopk.launch import WorkerError, spawn
+from gtopk.checks import unknown_choice
+from gtopk.launch import PortInUse, WorkerError, listen, spawn
 from gtopk.reducers import DenseReducer, GTopKReducer, TopKReducer, validate_density
+from tests.datagen import write_cifar10
+from tests.procs import FAST, one_line_error, run
 from tests.workers import bad_gradient, fail_on_rank1
 
 
@@ -54,4 +58,74 @@ def test_a_failing_rank_stops_the_group(how, text):
         spawn(fail_on_rank1, 3, (how,), timeout=60, grace=2)
     assert text in info.value.failures[1]
     assert set(info.value.failures) == {0, 1, 2}  # the others: their own gloo error, or stopped
+    assert not multiprocessing.active_children()
+
+
+# -- run.py: every bad setting is one line on stderr (exit 2), before any worker starts --
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_unknown_group_choice_lists_the_files_of_that_group(group):
+    choices = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    problem = unknown_choice([f"{group}={choices[0]},nope"], CONF)
+    assert problem == f"{group}=nope is unknown; choose one of {', '.join(choices)} (the files in conf/{group}/)"
+    assert unknown_choice([f"{group}={c}" for c in choices] + ["nodes=3", "hydra.run.dir=x"], CONF) is None
+
+
+def _expect_one_line(tmp_path: Path, args: list[str], *fragments: str) -> None:
+    fast = FAST if not any(a.startswith("data=") for a in args) else ["logger.wandb=false"]
+    done = run(*fast, *args, f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = one_line_error(done.stderr)
+    assert line.startswith("error: ") and "Traceback" not in done.stdout + done.stderr
+    for fragment in fragments:
+        assert fragment in line, line
+    assert not list((tmp_path / "run").glob("iters.rank*.jsonl")) and "workers" not in done.stdout
+    assert not done.left
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, topk"]),
+    (["model=nope"], ["model=nope is unknown", "resnet20"]),
+    (["data=nope"], ["data=nope is unknown", "synthetic"]),
+    (["cluster=nope"] if (CONF / "cluster").is_dir() else ["experiment=nope"], ["=nope is unknown; choose one of"]),
+    (["nodes=0"], ["nodes=0 must be an integer >= 1"]),
+    (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
+    (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
+    (["density=1.5"], ["density=1.5 is outside (0, 1]"]),
+    (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
+    (["nodes=2", "grad_accum=9"], ["grad_accum=9", "use a smaller batch_size or grad_accum"]),
+    (["fault.kind=boom"], ["fault.kind='boom' is unknown; choose one of raise, kill, hang, nan"]),
+    (["nonfinite=maybe"], ["nonfinite='maybe' is unknown; choose one of stop, skip"]),
+    (["collective_timeout_s=0"], ["collective_timeout_s=0 must be a number of seconds > 0"]),
+    (["master_port=70000"], ["master_port=70000 must be a TCP port"]),
+])
+def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
+    _expect_one_line(tmp_path, args, *fragments)
+
+
+def test_missing_and_corrupt_dataset_are_one_line(tmp_path):
+    _expect_one_line(tmp_path, ["data=cifar10", f"data.root={tmp_path / 'none'}"],
+                     "CIFAR-10 not found", str(tmp_path / "none" / "cifar-10-batches-py"), "data.download=true")
+    root = write_cifar10(tmp_path / "data")
+    batch = root / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[:100])  # truncated pickle
+    _expect_one_line(tmp_path, ["data=cifar10", f"data.root={root}", "data.verify=false"],
+                     "could not be read", "re-extract")
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with listen("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        _expect_one_line(tmp_path, ["nodes=2", f"master_port={port}"], f"master_port={port}", "is in use",
+                         "master_port=0")
+
+
+def test_fixed_port_in_use_stops_spawn_before_any_worker():
+    with listen("127.0.0.1", 0) as sock:
+        with pytest.raises(PortInUse, match=f"master_port={sock.getsockname()[1]}"):
+            spawn(fail_on_rank1, 2, ("raise",), port=sock.getsockname()[1])
     assert not multiprocessing.active_children()

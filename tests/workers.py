@@ -135,3 +135,16 @@ def fail_on_rank1(rank: int, P: int, how: str) -> None:
         raise RuntimeError("injected failure on rank 1")
     dist.barrier()
     dist.barrier()
+
+
+def sleep_forever(rank: int, P: int, pid_dir: str | None = None) -> None:
+    """Every rank writes its pid to ``pid_dir`` (if given), then sleeps outside any
+    collective and never calls heartbeat(): only the watchdog or a signal ends it."""
+    import os
+    import time
+    from pathlib import Path
+
+    if pid_dir:
+        (Path(pid_dir) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,95 @@
+"""Helpers for the failure tests: run ``run.py`` in its own session, and find what a
+session or a port still holds afterwards (from /proc, no psutil)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: a benchmark job that takes about a second per rank: tiny batches, 1 + 2 iterations
+FAST = ["batch_size=4", "benchmark.warmup=1", "benchmark.iters=2", "data.train_size=64", "logger.wandb=false"]
+
+
+def start(*args: str) -> subprocess.Popen:
+    """``python run.py *args`` in a new session (its id is the process id), output piped."""
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0")
+    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+@dataclass
+class Done:
+    """How a ``run.py`` process ended."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    ended: float  # time.time() when it exited
+    left: list[str]  # processes of its session still alive a few seconds later
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> Done:
+    """Wait for ``proc``; then wait (up to 15 s) for its session to empty."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise AssertionError(f"run.py did not finish within {timeout}s:\n{err[-3000:]}") from None
+    ended = time.time()
+    return Done(proc.returncode, out, err, ended, wait_session_empty(proc.pid))
+
+
+def run(*args: str, timeout: float = 300) -> Done:
+    return finish(start(*args), timeout)
+
+
+def session_processes(sid: int) -> list[str]:
+    """'pid cmdline' of every live (non-zombie) process in session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                found.append(f"{entry.name} {(entry / 'cmdline').read_text().replace(chr(0), ' ')[:120]}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def wait_session_empty(sid: int, timeout: float = 15) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def listening_ports() -> set[int]:
+    """TCP ports something on this machine listens on (IPv4 and IPv6)."""
+    ports = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def one_line_error(stderr: str) -> str:
+    """The single non-empty stderr line (asserting there is exactly one)."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr[-3000:]}"
+    return lines[0]
