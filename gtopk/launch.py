@@ -21,28 +21,26 @@ ranks' return values in rank order. Nothing is left behind, whatever happens:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import faulthandler
 import os
 import pickle
-import queue
 import signal
 import socket
 import tempfile
-import threading
 import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gtopk.cluster.base import Placement
+from gtopk.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
 
 
 class WorkerError(RuntimeError):
@@ -207,7 +205,7 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), backend: str = "gloo",
     beats = ctx.Array("d", [time.monotonic()] * nprocs, lock=False)
     outputs: dict[int, Any] = {}
     failures: dict[int, str] = {}
-    with tempfile.TemporaryDirectory(prefix="gtopk-stacks-") as stack_dir, _signals_stop():
+    with tempfile.TemporaryDirectory(prefix="gtopk-stacks-") as stack_dir, signals_stop():
         setup = _Setup(backend, timeout, collective_timeout or timeout, beats, stack_dir, os.getpid())
         procs = [ctx.Process(target=_worker, daemon=True,
                              args=(r, nprocs, placement, sock if r == 0 else None, setup, fn, args, results))
@@ -217,118 +215,21 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), backend: str = "gloo",
                 p.start()
             if sock is not None:
                 sock.close()  # rank 0 holds its own copy
-            hung = _supervise(procs, results, beats, timeout, grace, outputs, failures)
+            hung = supervise(procs, results, beats, timeout, grace, outputs, failures)
             running = [r for r, p in enumerate(procs)
                        if p.is_alive() and (r in hung or (r not in failures and r not in outputs))]
-            stacks = _dump_stacks(procs, running, stack_dir) if failures else {}
+            stacks = dump_stacks(procs, running, stack_dir) if failures else {}
         finally:
             if sock is not None:
                 sock.close()
-            _stop(procs)
+            stop(procs)
         for r, p in enumerate(procs):
             if r in outputs:
                 continue
             text = failures.get(r, f"{WorkerError.STOPPED} still running when the group was stopped "
                                    "(another rank failed first)")
-            stack = stacks.get(r) or (_read(stack_dir, r) if (p.exitcode or 0) < 0 else "")
+            stack = stacks.get(r) or (read_stack(stack_dir, r) if (p.exitcode or 0) < 0 else "")
             failures[r] = text + (f"\nits Python stack then:\n{stack}" if stack else "")
     if failures:
         raise WorkerError(failures)
     return [outputs[r] for r in range(nprocs)]
-
-
-def _supervise(procs: list, results: Any, beats: Any, timeout: float, grace: float,
-               outputs: dict[int, Any], failures: dict[int, str]) -> set[int]:
-    """Collect results until every rank reported, or ``grace`` after the first failure.
-    A rank that died without reporting, or made no progress for ``timeout``, failed;
-    returns the latter (hung) ranks."""
-    first: float | None = None
-    gone: dict[int, float] = {}
-    hung: set[int] = set()
-    while len(outputs) + len(failures) < len(procs):
-        if first is not None and time.monotonic() > first + grace:
-            break
-        try:
-            rank, ok, payload = results.get(timeout=0.1)
-            if ok:
-                outputs[rank] = pickle.loads(payload)
-            else:
-                failures[rank] = payload
-        except queue.Empty:
-            pass
-        now = time.monotonic()
-        for r, p in enumerate(procs):
-            if r in outputs or r in failures:
-                continue
-            if p.is_alive():
-                if now - beats[r] > timeout:
-                    failures[r] = f"no progress for {now - beats[r]:.0f}s (watchdog timeout {timeout:g}s): hung?"
-                    hung.add(r)
-            elif p.exitcode != 0:
-                failures[r] = f"process exited with {_exit_reason(p.exitcode)} before reporting"
-            elif now - gone.setdefault(r, now) > 2.0:  # its result would have arrived by now
-                failures[r] = "process exited (code 0) without reporting a result"
-        if failures and first is None:
-            first = now
-    return hung
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"code {code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"code {code}"
-
-
-def _read(stack_dir: str, rank: int) -> str:
-    try:
-        return (Path(stack_dir) / f"rank{rank}.txt").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _dump_stacks(procs: list, ranks: list[int], stack_dir: str, wait: float = 1.0) -> dict[int, str]:
-    """Ask the running ``ranks`` for their Python stacks (SIGUSR1 -> faulthandler)."""
-    for r in ranks:
-        with contextlib.suppress(OSError):
-            os.kill(procs[r].pid, signal.SIGUSR1)
-    deadline = time.monotonic() + wait
-    stacks: dict[int, str] = {}
-    while time.monotonic() < deadline and len(stacks) < len(ranks):
-        time.sleep(0.05)
-        stacks = {r: text for r in ranks if (text := _read(stack_dir, r))}
-    return stacks
-
-
-def _stop(procs: list) -> None:
-    """Terminate, then kill, every worker still running; reap them all."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-@contextlib.contextmanager
-def _signals_stop() -> Iterator[None]:
-    """In the main thread, SIGTERM and SIGHUP raise SystemExit(128 + signal), so that
-    ``spawn`` stops its workers before the process exits (Ctrl-C already raises)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
