@@ -96,13 +96,13 @@ def run_py(*args: str, timeout: int = 600, **popen) -> subprocess.CompletedProce
 
 
 def test_benchmark_sweep_end_to_end_and_rerun_skips(tmp_path):
-    args = ["-m", f"hydra.sweep.dir={tmp_path}", "reducer=dense,topk,gtopk,ddp", "nodes=1,2,4",
+    args = ["-m", f"hydra.sweep.dir={tmp_path}", "reducer=dense,topk,gtopk,ddp", "nodes=1,3",
             "batch_size=4", "benchmark.warmup=1", "benchmark.iters=2",
             "data.train_size=64", "logger.wandb=false", "density=0.01"]
     out = run_py(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = sorted(p.parent for p in tmp_path.glob("*/summary.json"))
-    assert len(jobs) == 12
+    assert len(jobs) == 8
     for job in jobs:
         s = json.loads((job / "summary.json").read_text())
         P = s["nodes"]
@@ -118,7 +118,7 @@ def test_benchmark_sweep_end_to_end_and_rerun_skips(tmp_path):
             rows = read_jsonl(job / f"iters.rank{r}.jsonl")
             assert [row["iter"] for row in rows] == [0, 1, 2] and rows[0]["warmup"]
     again = run_py(*args)
-    assert again.returncode == 0 and again.stdout.count("skipping") == 12
+    assert again.returncode == 0 and again.stdout.count("skipping") == 8
 
 
 def test_train_on_cifar_format_lowers_the_loss(tmp_path):
