@@ -35,10 +35,14 @@ test: setup  ## Run the default test suite (CPU, gloo on loopback)
 test-all: setup  ## Run every test, the slow ones included (not the benchmarks)
 	$(PY) -m pytest -q -m "not bench" $(PYTEST_ARGS)
 
-bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON in runs/bench/; a few minutes)
+bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON), collectives over P on the emulated cluster (CSV) in runs/bench/
 	@mkdir -p runs/bench
 	$(PY) -m pytest tests/bench -m bench -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
 		--benchmark-json runs/bench/bench-$$(date +%Y%m%d-%H%M%S).json $(PYTEST_ARGS)
+	@cluster=$$($(PY) -c "from gtopk.cluster.netns import unavailable_reason as u; print('local' if u() else 'emulated')"); \
+	out=runs/bench/net-$$cluster-$$(date +%Y%m%d-%H%M%S); \
+	echo "collectives over P and sizes on cluster=$$cluster -> $$out"; \
+	$(PY) -m gtopk.netbench cluster=$$cluster out=$$out $(NETBENCH_ARGS)
 
 wandb-sync: setup  ## Upload offline wandb runs under runs/ (needs `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' 2>/dev/null); \
