@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision.datasets import CIFAR10
 
 CIFAR_MEAN, CIFAR_STD = (0.491, 0.482, 0.447), (0.247, 0.243, 0.262)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -108,26 +109,18 @@ class Cifar10(DataSource):
             ) from e
 
 
-def _unverified_cifar10():
-    from torchvision import datasets
+class _UnverifiedCIFAR10(CIFAR10):
+    """torchvision's CIFAR10 loader without the MD5 check of the official files (module
+    level, so DataLoader workers started with spawn can unpickle it)."""
 
-    class UnverifiedCIFAR10(datasets.CIFAR10):
-        """torchvision's CIFAR10 loader without the MD5 check of the official files."""
+    def _check_integrity(self) -> bool:
+        folder = Path(self.root) / self.base_folder
+        return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
 
-        def _check_integrity(self) -> bool:
-            folder = Path(self.root) / self.base_folder
-            return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
-
-        def _load_meta(self) -> None:
-            with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
-                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-
-    return UnverifiedCIFAR10
-
-
-def _UnverifiedCIFAR10(*args, **kwargs):  # noqa: N802 - a class factory, used like a class
-    return _unverified_cifar10()(*args, **kwargs)
+    def _load_meta(self) -> None:
+        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
+            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
 
 class ImageNet(DataSource):

@@ -114,7 +114,11 @@ def heartbeat() -> None:
 def join_group(backend: str, startup_timeout: float, collective_timeout: float, **init: Any) -> None:
     """Collective: ``init_process_group`` with ``startup_timeout`` (the slowest rank's
     start-up), a barrier (every rank is up), then ``collective_timeout`` for every later
-    operation, so that a hung peer is noticed soon."""
+    operation, so that a hung peer is noticed soon. With NCCL each rank first binds its
+    GPU (LOCAL_RANK, else rank, modulo the GPU count), as the training loop will."""
+    if backend == "nccl" and torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", init.get("rank", os.environ.get("RANK", 0))))
+        torch.cuda.set_device(local % torch.cuda.device_count())
     dist.init_process_group(backend, timeout=timedelta(seconds=startup_timeout), **init)
     dist.barrier()
     dist.set_timeout(timedelta(seconds=collective_timeout))
@@ -207,7 +211,9 @@ def spawn(fn: Callable, nprocs: int, args: tuple = (), backend: str = "gloo",
     failures: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="gtopk-stacks-") as stack_dir, signals_stop():
         setup = _Setup(backend, timeout, collective_timeout or timeout, beats, stack_dir, os.getpid())
-        procs = [ctx.Process(target=_worker, daemon=True,
+        # not daemonic: a rank may start DataLoader workers; the finally below and each
+        # rank's PR_SET_PDEATHSIG make sure none outlives this call
+        procs = [ctx.Process(target=_worker, daemon=False,
                              args=(r, nprocs, placement, sock if r == 0 else None, setup, fn, args, results))
                  for r in range(nprocs)]
         try:
