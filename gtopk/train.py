@@ -222,6 +222,10 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     if epochs_log and ckpt.metrics and ckpt.metrics["epoch"] not in recorded:
         epochs_log.write(ckpt.metrics)  # saved, but the last run stopped before recording it
     it_global = start * per_epoch
+    # the checkpointed epochs' rows (latest attempt of each iteration) count in the summary,
+    # so a resumed job summarises all its epochs, even one interrupted after its last epoch
+    done = {r["iter"]: r for r in read_jsonl(w.iters.path) if -1 < r.get("iter", -1) < it_global}
+    w.rows = [done[i] for i in sorted(done)]
     for epoch in range(start, cfg.train.epochs):
         if hasattr(w.reducer, "density"):
             w.reducer.density = density_at(epoch)
