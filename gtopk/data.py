@@ -12,6 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import CIFAR10
 
+from gtopk.launch import die_with_parent
+
 CIFAR_MEAN, CIFAR_STD = (0.491, 0.482, 0.447), (0.247, 0.243, 0.262)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -171,5 +173,6 @@ def build_loader(dataset: Dataset, batch_size: int, rank: int, world: int, train
                                  seed=seed, drop_last=train)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         drop_last=train, persistent_workers=workers > 0,
-                        pin_memory=torch.cuda.is_available())
+                        pin_memory=torch.cuda.is_available(),
+                        worker_init_fn=die_with_parent)  # no loader worker outlives its rank
     return loader, sampler

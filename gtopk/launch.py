@@ -124,8 +124,9 @@ def join_group(backend: str, startup_timeout: float, collective_timeout: float, 
     dist.set_timeout(timedelta(seconds=collective_timeout))
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies (even by SIGKILL)."""
+def die_with_parent(*_: Any) -> None:
+    """Linux: SIGKILL this process when its parent dies (even by SIGKILL). Ranks call it
+    first thing; DataLoader workers through ``worker_init_fn`` (hence the ignored args)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -150,7 +151,7 @@ _stack_file: Any = None  # kept open: faulthandler writes this worker's stacks i
 def _worker(rank: int, nprocs: int, placement: Placement, store_sock: socket.socket | None,
             setup: _Setup, fn: Callable, args: tuple, results: Any) -> None:
     global _beats, _rank, _stack_file
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != setup.parent:  # the parent died before PR_SET_PDEATHSIG took effect
         os._exit(1)
     _beats, _rank = setup.beats, rank

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a benchmark job that takes about a second per rank: tiny batches, 1 + 2 iterations
@@ -16,11 +18,14 @@ FAST = ["batch_size=4", "benchmark.warmup=1", "benchmark.iters=2", "data.train_s
 
 
 def start(*args: str) -> subprocess.Popen:
-    """``python run.py *args`` in a new session (its id is the process id), output piped."""
+    """``python run.py *args`` in a new session (its id is the process id); stdout and
+    stderr go to files, so that waiting for it never waits for its descendants."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0")
-    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
+                            stdout=out, stderr=err, text=True, start_new_session=True)
+    proc.outputs = (out, err)  # type: ignore[attr-defined]
+    return proc
 
 
 @dataclass
@@ -30,20 +35,30 @@ class Done:
     returncode: int
     stdout: str
     stderr: str
-    ended: float  # time.time() when it exited
-    left: list[str]  # processes of its session still alive a few seconds later
+    ended: float  # time.time() when run.py exited
+    left: list[str]  # processes of its session still alive 3 s after it exited
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> Done:
-    """Wait for ``proc``; then wait (up to 15 s) for its session to empty."""
+    """Wait for ``proc``; then give its session 3 s to empty (a worker or loader process
+    that outlives run.py longer than that is left over)."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        raise AssertionError(f"run.py did not finish within {timeout}s:\n{err[-3000:]}") from None
+        proc.wait()
+        raise AssertionError(f"run.py did not finish within {timeout}s:\n{_read(proc.outputs[1])[-3000:]}") from None
     ended = time.time()
-    return Done(proc.returncode, out, err, ended, wait_session_empty(proc.pid))
+    left = wait_session_empty(proc.pid, timeout=3)
+    out, err = (_read(f) for f in proc.outputs)
+    return Done(proc.returncode, out, err, ended, left)
+
+
+def _read(f: Any) -> str:
+    f.seek(0)
+    text = f.read()
+    f.close()
+    return text
 
 
 def run(*args: str, timeout: float = 300) -> Done:

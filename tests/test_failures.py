@@ -29,14 +29,25 @@ def rows(job: Path, rank: int) -> list[dict]:
     return read_jsonl(job / f"iters.rank{rank}.jsonl")
 
 
-@pytest.mark.parametrize("kind,text", [("raise", "InjectedFault: injected fault: fault.kind=raise on rank 1 at iteration 1"),
-                                       ("kill", "process exited with code -9 (SIGKILL) before reporting")])
-def test_a_rank_that_raises_or_dies_stops_the_job(tmp_path, kind, text):
+RAISED = "InjectedFault: injected fault: fault.kind=raise on rank 1 at iteration 1"
+KILLED = "process exited with code -9 (SIGKILL) before reporting"
+
+
+@pytest.mark.parametrize("kind,text,loaders", [("raise", RAISED, False), ("kill", KILLED, False),
+                                               ("kill", KILLED, True)])
+def test_a_rank_that_raises_or_dies_stops_the_job(tmp_path, kind, text, loaders):
+    """Benchmark mode; and training with DataLoader worker processes under each rank,
+    which must not outlive it either."""
     job = tmp_path / "run"
-    done = run(*FAST, "nodes=3", f"fault.kind={kind}", "fault.rank=1", "fault.at_iter=1", f"hydra.run.dir={job}")
+    setup = list(FAST)
+    if loaders:
+        data = write_cifar10(tmp_path / "data", per_batch=48)
+        setup = ["mode=train", "data=cifar10", f"data.root={data}", "data.verify=false", "train.epochs=1",
+                 "train.loader_workers=1", "model.batch_size.train=16", "logger.wandb=false"]
+    done = run(*setup, "nodes=3", f"fault.kind={kind}", "fault.rank=1", "fault.at_iter=1", f"hydra.run.dir={job}")
     assert done.returncode == 1, done.stderr[-3000:]
     struck = (job / "iters.rank1.jsonl").stat().st_mtime  # rank 1's last row, just before the fault
-    print(f"fault.kind={kind}: the job exited {done.ended - struck:.1f}s after rank 1's last row")
+    print(f"fault.kind={kind}, loaders={loaders}: run.py exited {done.ended - struck:.1f}s after rank 1's last row")
     assert done.ended - struck < 30
     assert "error: rank 1: " in done.stderr and text in done.stderr  # the one-line summary
     log = (job / "run.log").read_text()
