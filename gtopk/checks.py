@@ -5,6 +5,7 @@ one-line message names the setting and the fix (``run.py`` prints it as one line
   ``data=``, ``cluster=``, ... any folder of ``conf/``) that has no file, with the choices.
 * ``validate``: the top-level settings (nodes, density, mode, batch, timeouts, a fixed
   ``master_port`` that is free, fault injection, ``nonfinite``).
+* ``reducer_settings``: the reducer's own checks (its constructor, without communication).
 * ``data_fits``: every rank's share of the training set holds at least one step.
 * ``machine_fits``: the workers this job would spawn fit this machine (below).
 
@@ -101,6 +102,21 @@ def validate(cfg: Any) -> None:
     if cfg.get("nonfinite", "stop") not in NONFINITE:
         raise ConfigError(f"nonfinite={cfg.nonfinite!r} is unknown; choose one of {', '.join(NONFINITE)} "
                           "(stop: the job fails; skip: the step is skipped and recorded)")
+
+
+def reducer_settings(cfg: Any) -> None:
+    """The reducer's constructor checks its settings (density, algorithm, put-back, bucket
+    size) before it asks for a process group; none exists in this process, so valid
+    settings end at that request."""
+    from hydra.errors import InstantiationException
+
+    try:
+        instantiate(cfg.reducer)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, RuntimeError) and "init_process_group" in str(cause):
+            return  # the settings passed; only the process group is missing
+        raise ConfigError(str(cause if isinstance(cause, ValueError) else e).splitlines()[0]) from None
 
 
 def data_fits(cfg: Any, train_size: int | None) -> None:

@@ -43,6 +43,7 @@ def validate(cfg: DictConfig) -> None:
     except Exception as e:  # noqa: BLE001 - any import problem is a bad setting
         raise ConfigError(f"reducer._target_={cfg.reducer._target_} cannot be imported ({e}); "
                           "pick reducer=dense|topk|gtopk|ddp or fix the class path") from None
+    checks.reducer_settings(cfg)
     if torchrun_world() is None:
         checks.machine_fits(cfg, resolve_backend(cfg), on_cuda(cfg))
     compute = instantiate(cfg.compute)

@@ -26,6 +26,7 @@ import dataclasses
 import faulthandler
 import os
 import pickle
+import re
 import signal
 import socket
 import tempfile
@@ -41,6 +42,9 @@ import torch.multiprocessing as mp
 
 from gtopk.cluster.base import Placement
 from gtopk.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:: |$)")  # "pkg.mod.SomeError: message"
 
 
 class WorkerError(RuntimeError):
@@ -63,7 +67,7 @@ class WorkerError(RuntimeError):
         ranks = sorted(self.failures)
         own = [r for r in ranks if not any(c in self.failures[r] for c in self.CONSEQUENCES)] or ranks
         lines = [ln.strip() for ln in self.failures[own[0]].splitlines() if ln.strip()]
-        last = next((ln for ln in reversed(lines) if not ln.startswith(("File ", "^", "~"))), "?")
+        last = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "?")
         running = [r for r in ranks if self.failures[r].startswith(self.STOPPED + " still running")]
         tail = f"; rank(s) {running} still running when stopped (hung?)" if running else ""
         return f"rank {own[0]}: {last[:300]}{tail}"

@@ -96,6 +96,8 @@ def _expect_one_line(tmp_path: Path, args: list[str], *fragments: str) -> None:
     (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
     (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
     (["density=1.5"], ["density=1.5 is outside (0, 1]"]),
+    (["reducer.algorithm=ring"], ["reducer.algorithm='ring' is unknown; choose one of tree, recursive_doubling"]),
+    (["reducer=dense", "reducer.bucket_mb=0"], ["reducer.bucket_mb=0 must be > 0"]),
     (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
     (["nodes=2", "grad_accum=9"], ["grad_accum=9", "use a smaller batch_size or grad_accum"]),
     (["fault.kind=boom"], ["fault.kind='boom' is unknown; choose one of raise, kill, hang, nan"]),

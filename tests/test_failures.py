@@ -221,6 +221,16 @@ def test_workers_die_with_their_parent_even_on_sigkill(tmp_path):
     assert not wait_session_empty(parent.pid, timeout=15)
 
 
+def test_worker_error_summary_names_the_rank_that_failed_on_its_own():
+    error = WorkerError({
+        0: "Traceback (most recent call last):\nRuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:1",
+        1: 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nhydra.errors.InstantiationException: '
+           "Error in call to target 'X':\nValueError('bad')\nfull_key: reducer",
+        2: "stopped: still running when the group was stopped (another rank failed first)"})
+    assert error.summary() == ("rank 1: hydra.errors.InstantiationException: Error in call to target 'X':; "
+                               "rank(s) [2] still running when stopped (hung?)")
+
+
 def test_a_half_written_last_line_is_closed_off_and_skipped(tmp_path):
     path = tmp_path / "iters.rank0.jsonl"
     path.write_text('{"iter": 0}\n{"iter": 1, "t_')

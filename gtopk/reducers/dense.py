@@ -26,9 +26,9 @@ class DenseReducer(Reducer):
     """
 
     def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None):
-        super().__init__(group)
-        if not bucket_mb > 0:
+        if not bucket_mb > 0:  # settings first: checked without a process group (gtopk.checks)
             raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
+        super().__init__(group)
         self.bucket_mb = bucket_mb
         self.bucket_numel = bucket_numel(bucket_mb)
 
