@@ -10,7 +10,8 @@
   never a ``summary.json``, so a re-run retries it. Single run: the process exits
   non-zero. Multirun (basic launcher): the sweep goes on with the next job, and the
   ``FailedJobs`` callback (``hydra.callbacks`` in ``conf/config.yaml``) lists the failed
-  jobs at the end and exits with status 1. Other launchers (SLURM) see the exception.
+  jobs at the end and exits with status 1. Under other launchers (SLURM) the job itself
+  exits non-zero, and the launcher reports it.
 """
 
 from __future__ import annotations
