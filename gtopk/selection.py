@@ -72,15 +72,20 @@ def _above_plain(x: Tensor, thr: Tensor, strict: bool) -> Tensor:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run the enclosed torch ops on one intra-op thread (restored afterwards)."""
+def one_thread(enabled: bool = True) -> Iterator[None]:
+    """Run the enclosed torch CPU ops on one intra-op thread (restored afterwards).
+
+    For many short memory-bound ops: each multi-threaded op waits at a barrier for all
+    its threads, and on a busy machine a descheduled one stalls it for milliseconds.
+    """
     threads = torch.get_num_threads()
-    if threads > 1:
+    switch = enabled and threads > 1
+    if switch:
         torch.set_num_threads(1)
     try:
         yield
     finally:
-        if threads > 1:
+        if switch:
             torch.set_num_threads(threads)
 
 
@@ -95,7 +100,7 @@ def _above(x: Tensor, thr: Tensor, strict: bool = False) -> Tensor:
     """
     if x.device.type != "cpu" or x.numel() < _CHUNK:
         return _above_plain(x, thr, strict)
-    with _one_thread():
+    with one_thread():
         return _scan_chunks(x, thr, strict)
 
 

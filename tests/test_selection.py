@@ -264,3 +264,21 @@ def test_merge_equals_brute_force_including_empty_and_overlapping_inputs(seed):
         got = merge(ia, va, ib, vb, k)
         want = _merge_by_sorting(ia, va, ib, vb, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (m, na, nb, k)
+
+
+def test_one_thread_sets_and_restores_the_thread_count():
+    from gtopk.selection import one_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with one_thread(enabled=False):
+            assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), one_thread():
+            raise RuntimeError("restored on the way out")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
