@@ -135,7 +135,11 @@ def main(argv: list[str] | None = None) -> None:
         if harness:
             print(f"harness overhead (ResNet-20, P = 1, batch 128, {harness['iterations']:.0f} iterations): "
                   f"median {harness['overhead_ratio'] * 100:.2f} % of t_iter "
-                  f"({harness['overhead'] * 1e3:.2f} ms of {harness['t_iter'] * 1e3:.1f} ms)")
+                  f"({harness['overhead'] * 1e3:.2f} ms of {harness['t_iter'] * 1e3:.1f} ms; t_data "
+                  f"{harness['t_data'] * 1e3:.2f}, t_check {harness.get('t_check', float('nan')) * 1e3:.2f}, "
+                  f"t_update {harness['t_update'] * 1e3:.2f} ms; 1-min load average "
+                  f"{harness.get('loadavg_1min_before', float('nan')):.1f} before, "
+                  f"{harness.get('loadavg_1min_after', float('nan')):.1f} after)")
         return
     threads = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
     rows = [row for t in threads for row in measure(t, args.reps)]

@@ -1,12 +1,14 @@
 """Benchmarks (``make bench``): every test here is marked ``bench`` (not in ``make test``).
 
-The tests record their medians in ``tests.bench.results``; at the end of the session this prints the
-figures the README quotes, from this run: per size and thread count, ``topk_indices`` and
-``torch.topk`` over ``x.abs().max()`` (ratio of medians), and the harness overhead.
+The tests record their medians in ``tests.bench.results``; at the end of the session this
+prints the figures the README quotes, from this run: per size and thread count,
+``topk_indices`` and ``torch.topk`` over ``x.abs().max()`` (ratio of medians), and the
+harness overhead.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -52,4 +54,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"  median (t_iter - t_compute - t_compr - t_commu) / t_iter = {HARNESS['overhead_ratio'] * 100:.2f} % "
             f"over {HARNESS['iterations']:.0f} iterations; medians: t_iter {HARNESS['t_iter'] * 1e3:.1f} ms, "
             f"overhead {HARNESS['overhead'] * 1e3:.2f} ms (t_data {HARNESS['t_data'] * 1e3:.2f}, "
-            f"t_update {HARNESS['t_update'] * 1e3:.2f}, t_check {HARNESS.get('t_check', float('nan')) * 1e3:.2f})")
+            f"t_update {HARNESS['t_update'] * 1e3:.2f}, t_check {HARNESS.get('t_check', float('nan')) * 1e3:.2f}); "
+            f"1-min load average up to {HARNESS['loadavg']:.1f} on {os.cpu_count()} CPUs")
