@@ -91,17 +91,11 @@ def one_thread(enabled: bool = True) -> Iterator[None]:
 
 def _above(x: Tensor, thr: Tensor, strict: bool = False) -> Tensor:
     """Ascending int64 indices of the entries with ``|x| >= thr`` (``>`` if ``strict``),
-    in one pass over ``x``.
-
-    On CPU the pass runs chunk by chunk through a small scratch buffer (no full-size
-    temporaries), on one thread: hundreds of short multi-threaded ops would each wait at a
-    barrier for a thread that another process has descheduled (3x slower on a 2-core
-    machine with one competing process). Other devices take one full-size pass.
-    """
+    in one pass over ``x``: on CPU chunk by chunk through a small scratch buffer (no
+    full-size temporaries); on other devices in one full-size pass."""
     if x.device.type != "cpu" or x.numel() < _CHUNK:
         return _above_plain(x, thr, strict)
-    with one_thread():
-        return _scan_chunks(x, thr, strict)
+    return _scan_chunks(x, thr, strict)
 
 
 def _scan_chunks(x: Tensor, thr: Tensor, strict: bool) -> Tensor:
@@ -152,17 +146,30 @@ def topk_indices(x: Tensor, k: int) -> Tensor:
     if k == m:
         return torch.arange(m, device=x.device)
     if m >= _EXACT_BELOW:
-        sample = x[:: _stride(m)].abs()
-        tried = None
-        for rank in _sample_ranks(k, m, sample.numel()):
-            thr = torch.topk(sample, rank, sorted=False).values.min()
-            if tried is not None and thr >= tried:
-                break  # ties in the sample: the deeper cut is no lower
-            cand = _above(x, thr, strict=bool(thr == 0))  # |x| >= 0 would be everything
-            if cand.numel() >= k:  # the k largest are all >= thr: select among candidates
-                return cand[_exact(x[cand], k)]
-            tried = thr
+        # On one CPU thread: the path is hundreds of short ops, and each multi-threaded
+        # one waits at a barrier for a thread that another process may have descheduled
+        # (3x slower on a 2-core machine with one competing process).
+        with one_thread(x.device.type == "cpu"):
+            found = _via_sample(x, k)
+        if found is not None:
+            return found
     return _exact(x, k)  # small m, large k, or the sample overestimated: full selection
+
+
+def _via_sample(x: Tensor, k: int) -> Tensor | None:
+    """``topk_indices``' fast path; None when no cut leaves at least k candidates."""
+    m = x.numel()
+    sample = x[:: _stride(m)].abs()
+    tried = None
+    for rank in _sample_ranks(k, m, sample.numel()):
+        thr = torch.topk(sample, rank, sorted=False).values.min()
+        if tried is not None and thr >= tried:
+            break  # ties in the sample: the deeper cut is no lower
+        cand = _above(x, thr, strict=bool(thr == 0))  # |x| >= 0 would be everything
+        if cand.numel() >= k:  # the k largest are all >= thr: select among candidates
+            return cand[_exact(x[cand], k)]
+        tried = thr
+    return None
 
 
 def _top_mask(val: Tensor, k: int) -> Tensor:
