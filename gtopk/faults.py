@@ -127,7 +127,8 @@ class NonFiniteGuard:
         finite, identical on every rank."""
         flags = torch.zeros(self.world, device=grad.device)
         flags[self.rank] = (~torch.isfinite(grad)).any().float()
-        dist.all_reduce(flags)
+        if self.world > 1:  # alone, there is nobody to agree with
+            dist.all_reduce(flags)
         return flags.nonzero().flatten().tolist()
 
     def action(self, bad: list[int]) -> str | None:

@@ -73,13 +73,6 @@ class WorkerError(RuntimeError):
         return f"rank {own[0]}: {last[:300]}{tail}"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def threads_per_worker(nprocs: int) -> int:
     """Intra-op threads so that nprocs workers never oversubscribe this machine's cores."""
     return max(1, (os.cpu_count() or 1) // nprocs)

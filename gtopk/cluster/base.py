@@ -66,6 +66,6 @@ class LocalCluster(Cluster):
 
     @contextmanager
     def up(self, nodes: int) -> Iterator[Placement]:
-        from gtopk.launch import free_port
-
-        yield Placement(master_addr="127.0.0.1", master_port=free_port())
+        # port 0: gtopk.launch.spawn binds the rendezvous port itself (``port=``) before
+        # any worker starts
+        yield Placement(master_addr="127.0.0.1", master_port=0)
