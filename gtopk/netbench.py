@@ -5,8 +5,10 @@
    and saved as a network profile (``runs/net/<name>/profile.json``).
 2. Each reducer of ``collectives.reducers`` (dense all-reduce, Top-k all-gather, gTop-k
    tree and recursive doubling) is run for every P in ``collectives.nodes`` and gradient
-   size in ``collectives.m``; per iteration the slowest rank's t_commu counts, and the median
-   over iterations is written to ``collectives.csv`` beside the fitted model's prediction.
+   size in ``collectives.m`` with ``align_timing`` on (every rank starts the collective
+   together after its local selection, and waits after it until all are done); per
+   iteration the slowest rank's t_commu is the collective's time, and the median over
+   iterations is written to ``collectives.csv`` beside the fitted model's prediction.
 
 Runs on any cluster: ``cluster=local`` (loopback), ``cluster=emulated`` (shaped namespaces),
 or a real one under torchrun (ping-pong between global ranks 0 and 1, collectives at the
@@ -16,6 +18,7 @@ world's size only).
 from __future__ import annotations
 
 import csv
+import socket
 import statistics
 import time
 from datetime import timedelta
@@ -56,28 +59,37 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
 
 
 def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int) -> dict | None:
-    """Collective. Medians over iterations, on rank 0, of:
-    t_commu: the collective's time as seen by the rank that entered it last (the minimum
-      over ranks: it waited for nobody's selection, so skew between ranks is excluded);
-    t_commu_max: the slowest rank's t_commu (skew included); t_compr and t_merge: the
-    largest over ranks."""
-    reducer = instantiate(reducer_cfg)
+    """Collective. The reducer runs with ``align_timing`` (every rank starts the collective
+    after a barrier and waits at another after it, so no rank's selection or
+    post-processing overlaps it). Medians over iterations, on rank 0, of:
+    t_commu: from the last rank's start to the last rank holding the result, on one shared
+      clock when every rank runs on this host (the barrier's exit skew excluded), else the
+      slowest rank's t_commu;
+    t_commu_slowest: the slowest rank's own t_commu (the barrier's exit skew included);
+    t_commu_min: the fastest rank's (e.g. a tree's root, done before the broadcast reaches
+      the leaves); t_compr and t_merge: the largest over ranks."""
+    reducer = instantiate(reducer_cfg, align_timing=True)
     grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank))
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    one_clock = len(set(hosts)) == 1
     rows = []
     for i in range(warmup + iters):
         dist.barrier()
         _, rec = reducer.reduce(grad)
-        mine = torch.tensor([rec.t_commu, rec.t_compr, rec.t_merge], dtype=torch.float64)
+        mine = torch.tensor([rec.t_commu, rec.t_compr, rec.t_merge, *reducer.commu_span], dtype=torch.float64)
         everyone = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
         t = torch.stack(everyone)
         if i >= warmup:
-            rows.append((t[:, 0].min().item(), t[:, 0].max().item(), t[:, 1].max().item(), t[:, 2].max().item()))
+            slowest = t[:, 0].max().item()
+            span = (t[:, 4].max() - t[:, 3].max()).item() if one_clock else slowest
+            rows.append((span, slowest, t[:, 0].min().item(), t[:, 1].max().item(), t[:, 2].max().item()))
     if rank:
         return None
-    med = [statistics.median(r[j] for r in rows) for j in range(4)]
-    return {"t_commu": med[0], "t_commu_max": med[1], "t_compr": med[2], "t_merge": med[3],
-            "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
+    med = [statistics.median(r[j] for r in rows) for j in range(5)]
+    return {"t_commu": med[0], "t_commu_slowest": med[1], "t_commu_min": med[2], "t_compr": med[3],
+            "t_merge": med[4], "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
 
 
 def cpu_times() -> tuple[float, float]:
@@ -163,7 +175,7 @@ def main(cfg: DictConfig) -> None:
                 r["t_commu_model"] = predict_commu(rcfg, P, r["m"], prof.network) if samples else None
                 rows.append(r)
                 print(f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
-                      f"(slowest rank {r['t_commu_max']:.4f}s) model {r['t_commu_model']:.4f}s "
+                      f"(slowest rank's own {r['t_commu_slowest']:.4f}s) model {r['t_commu_model']:.4f}s "
                       f"ratio {r['t_commu'] / r['t_commu_model']:.2f}  t_merge {r['t_merge']:.4f}s "
                       f"t_compr {r['t_compr']:.4f}s cpu busy {r['cpu_busy'] or 0:.0%}"
                       + (f" link {r['link_utilisation']:.0%}" if r["link_utilisation"] is not None else ""),

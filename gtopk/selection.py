@@ -1,6 +1,6 @@
-"""Exact top-k selection and the sparse merge used by gTopKAllReduce.
+"""Exact top-k selection (the merge of sparse vectors lives in ``gtopk.sparse``).
 
-Both functions are local (no collective calls) and run on the tensors' own device.
+``topk_indices`` is local (no collective calls) and run on the tensors' own device.
 
 Tie rule, everywhere in this package: among entries of equal |value| the one with the
 smaller index wins. Selected index sets are returned sorted ascending, which makes the
@@ -170,66 +170,3 @@ def _via_sample(x: Tensor, k: int) -> Tensor | None:
             return cand[_exact(x[cand], k)]
         tried = thr
     return None
-
-
-def _top_mask(val: Tensor, k: int) -> Tensor:
-    """Mask of the ``k`` largest |val| (ties to the smaller position); ``k < numel``."""
-    mag = val.abs()
-    thr = torch.topk(mag, k, sorted=False).values.min()
-    mask = mag > thr
-    need = k - int(mask.sum())
-    if need:
-        mask[torch.nonzero(mag == thr).squeeze(1)[:need]] = True
-    return mask
-
-
-def keep_topk(idx: Tensor, val: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Of a sparse vector with unique ascending ``idx``, keep the ``k`` largest |val|.
-
-    Ties go to the smaller index; the kept entries come back in ascending index order.
-    """
-    if idx.numel() <= k:
-        return idx, val
-    mask = _top_mask(val, k)
-    return idx[mask], val[mask]
-
-
-def merge(idx_a: Tensor, val_a: Tensor, idx_b: Tensor, val_b: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """gTop-k merge of two sparse vectors, each with unique indices in ascending order
-    (what ``topk_indices`` and ``merge`` return).
-
-    Values at a shared index are summed (``a + b``; float addition is commutative, so
-    ``merge(a, b) == merge(b, a)`` bit for bit); of the union, the ``k`` largest |value|
-    are kept, ties to the smaller index. Returns ascending indices and their values.
-    Linear merge by binary search (no sort of the union).
-    """
-    if idx_b.numel() == 0:
-        return keep_topk(idx_a, val_a, k)
-    if idx_a.numel() == 0:
-        return keep_topk(idx_b, val_b, k)
-    below = torch.searchsorted(idx_a, idx_b)  # entries of a below each entry of b
-    shared = idx_a[below.clamp(max=idx_a.numel() - 1)] == idx_b
-    val_a = val_a.clone()
-    val_a[below[shared]] += val_b[shared]
-    only_b = ~shared
-    idx_b, val_b, below = idx_b[only_b], val_b[only_b], below[only_b]
-    n_a, n_b = idx_a.numel(), idx_b.numel()
-    # place of each entry in the union's ascending order: b's are right after the a's
-    # below them; a's fill the remaining places in order
-    at_b = torch.arange(n_b, device=idx_b.device) + below
-    free = torch.ones(n_a + n_b, dtype=torch.bool, device=idx_a.device)
-    free[at_b] = False
-    at_a = torch.nonzero(free).squeeze(1)
-    idx = torch.empty(n_a + n_b, dtype=idx_a.dtype, device=idx_a.device)
-    val = torch.empty(n_a + n_b, dtype=val_a.dtype, device=val_a.device)
-    idx[at_a], val[at_a] = idx_a, val_a
-    idx[at_b], val[at_b] = idx_b, val_b
-    return keep_topk(idx, val, k)
-
-
-def member_mask(sorted_set: Tensor, query: Tensor) -> Tensor:
-    """Boolean mask: which entries of ``query`` occur in the ascending ``sorted_set``."""
-    if sorted_set.numel() == 0:
-        return torch.zeros_like(query, dtype=torch.bool)
-    pos = torch.searchsorted(sorted_set, query).clamp_(max=sorted_set.numel() - 1)
-    return sorted_set[pos] == query

@@ -21,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from gtopk.selection import merge, topk_indices
+from gtopk.selection import topk_indices
+from gtopk.sparse import merge
 
 # Parameter counts of the paper's models: ResNet-20, VGG-16 (CIFAR), ResNet-50, AlexNet.
 SIZES = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032, "alexnet": 61_100_840}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gtopk import reference
-from gtopk.selection import k_for, keep_topk, member_mask, merge, topk_indices
+from gtopk import reference, sparse
+from gtopk.selection import k_for, topk_indices
+from gtopk.sparse import keep_topk, member_mask, merge
 
 
 @pytest.mark.parametrize("m,k", [(1, 1), (10, 1), (10, 10), (1000, 7), (100_000, 100), (269_722, 269)])
@@ -75,6 +76,7 @@ def test_keep_topk_ties_to_smaller_index():
 
 def test_member_mask():
     s = torch.tensor([2, 5, 9])
+    assert member_mask(s, torch.tensor([], dtype=torch.long)).tolist() == []
     assert member_mask(s, torch.tensor([0, 2, 9, 10, 5])).tolist() == [False, True, True, False, True]
     assert member_mask(torch.tensor([], dtype=torch.long), torch.tensor([1])).tolist() == [False]
 
@@ -248,8 +250,12 @@ def _merge_by_sorting(ia, va, ib, vb, k):
     return uniq[order], summed[order]
 
 
+@pytest.mark.parametrize("impl", ["cpu", "torch"])
 @pytest.mark.parametrize("seed", range(4))
-def test_merge_equals_brute_force_including_empty_and_overlapping_inputs(seed):
+def test_merge_equals_brute_force_including_empty_and_overlapping_inputs(seed, impl):
+    """``cpu``: the NumPy path CPU tensors take; ``torch``: the path of other devices (CUDA),
+    run here on CPU tensors."""
+    merge_fn = merge if impl == "cpu" else sparse._merge_torch
     g = torch.Generator().manual_seed(seed)
     for trial in range(150):
         m = int(torch.randint(1, 120, (1,), generator=g))
@@ -261,7 +267,7 @@ def test_merge_equals_brute_force_including_empty_and_overlapping_inputs(seed):
         draw = (lambda n: torch.randint(-2, 3, (n,), generator=g).float()) if trial % 2 else \
             (lambda n: torch.randn(n, generator=g))
         va, vb = draw(na), draw(nb)
-        got = merge(ia, va, ib, vb, k)
+        got = merge_fn(ia, va, ib, vb, k)
         want = _merge_by_sorting(ia, va, ib, vb, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (m, na, nb, k)
 

@@ -52,11 +52,12 @@ def make_grads(case: Case, it: int, P: int) -> list[torch.Tensor]:
 
 def reference_step(case: Case, accs: list[torch.Tensor], P: int):
     k = k_for(case.density, case.m)
+    options = {n: v for n, v in case.options.items() if n != "align_timing"}  # timing only
     if case.kind == "dense":
         return reference.dense(accs)
     if case.kind == "topk":
-        return reference.topk(accs, k, **case.options)
-    return reference.gtopk(accs, k, **case.options)
+        return reference.topk(accs, k, **options)
+    return reference.gtopk(accs, k, **options)
 
 
 def check_against_reference(rank: int, P: int, cases: list[Case]) -> dict:
@@ -86,6 +87,10 @@ def check_against_reference(rank: int, P: int, cases: list[Case]) -> dict:
                 diff = (update - ref_update).abs().max().item()
                 failures.append(f"{case.name} P={P} rank={rank} iter={it}: max |update diff|={diff}")
                 break
+            start, end = reducer.commu_span
+            if not (start <= end and abs((end - start) - rec.t_commu) < 1e-9):
+                failures.append(f"{case.name} P={P} rank={rank} iter={it}: commu_span {reducer.commu_span} "
+                                f"does not span t_commu={rec.t_commu}")
             # conservation, on the distributed reducer's own state
             mine = torch.stack([accs[rank], residual])
             both = [torch.empty_like(mine) for _ in range(P)]

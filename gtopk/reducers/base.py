@@ -78,9 +78,20 @@ class Clock:
 
 
 class Reducer(ABC):
-    """Base class: input validation, world info, timing; subclasses implement ``_reduce``."""
+    """Base class: input validation, world info, timing; subclasses implement ``_reduce``.
 
-    def __init__(self, group: dist.ProcessGroup | None = None):
+    ``align_timing`` (a benchmark setting, off in training): ``reduce`` adds a barrier
+    (collective) before its communication starts and one after it ends, outside the timed
+    span, so that t_commu times the collective alone: every rank starts it together (no
+    waiting for a slower rank's selection) and no rank's post-processing competes with
+    ranks still communicating (it would on an emulated cluster, where the ranks share
+    CPU cores). ``commu_span`` holds the last call's (start, end) clock readings of the
+    communication (``time.perf_counter``: comparable between processes of one host), from
+    which a benchmark takes the collective's time from the last rank's start to the last
+    rank's end, free of the barrier's exit skew.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, align_timing: bool = False):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is not initialised; call dist.init_process_group first "
@@ -90,6 +101,25 @@ class Reducer(ABC):
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._m: int | None = None
+        self.align_timing = bool(align_timing)
+        self.commu_span: tuple[float, float] = (0.0, 0.0)
+
+    def _commu_start(self, clock: Clock) -> float:
+        """Collective when ``align_timing``. The clock reading that starts t_commu."""
+        if self.align_timing:
+            dist.barrier(group=self.group)
+        t = clock()
+        self.commu_span = (t, t)
+        return t
+
+    def _commu_end(self, clock: Clock) -> float:
+        """Collective when ``align_timing``. The clock reading that ends t_commu (every
+        rank then holds the aggregated entries)."""
+        t = clock()
+        self.commu_span = (self.commu_span[0], t)
+        if self.align_timing:
+            dist.barrier(group=self.group)
+        return t
 
     def peer(self, group_rank: int) -> int:
         """Global rank of a rank of this reducer's group (for point-to-point calls)."""

@@ -25,10 +25,11 @@ class DenseReducer(Reducer):
     Traffic in the record is nominal: a ring all-reduce per bucket (see gtopk.costmodel).
     """
 
-    def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None):
+    def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None,
+                 align_timing: bool = False):
         if not bucket_mb > 0:  # settings first: checked without a process group (gtopk.checks)
             raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
-        super().__init__(group)
+        super().__init__(group, align_timing)
         self.bucket_mb = bucket_mb
         self.bucket_numel = bucket_numel(bucket_mb)
 
@@ -41,7 +42,7 @@ class DenseReducer(Reducer):
         return dense_time(P, bucket_sizes(m, bucket_numel(bucket_mb)), net)
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
-        t0 = clock()
+        t0 = self._commu_start(clock)
         out = grad.detach().clone()
         if self.world_size > 1:
             works = [
@@ -50,7 +51,7 @@ class DenseReducer(Reducer):
             for w in works:
                 w.wait()
             out.div_(self.world_size)
-        t1 = clock()
+        t1 = self._commu_end(clock)
         rec.selected = out.numel()
         rec.set_traffic(dense_traffic(self.world_size, self.bucket_sizes(out.numel())))
         rec.t_commu = t1 - t0

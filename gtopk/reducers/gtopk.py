@@ -10,7 +10,8 @@ from gtopk.costmodel import Network, gtopk_time
 from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
 from gtopk.reducers.schedules import Payload, recursive_doubling, tree_broadcast, tree_reduce
 from gtopk.reducers.wire import PointToPoint, SparseCodec
-from gtopk.selection import k_for, member_mask, merge, topk_indices
+from gtopk.selection import k_for, topk_indices
+from gtopk.sparse import member_mask, merge
 
 ALGORITHMS = ("tree", "recursive_doubling")
 PUTBACKS = ("index", "exact")
@@ -40,13 +41,14 @@ class GTopKReducer(Reducer):
         algorithm: str = "tree",
         putback: str = "index",
         group: dist.ProcessGroup | None = None,
+        align_timing: bool = False,
     ):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"reducer.algorithm={algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
         if putback not in PUTBACKS:
             raise ValueError(f"reducer.putback={putback!r} is unknown; choose one of {', '.join(PUTBACKS)}")
         self.density = validate_density(density)  # before any communication
-        super().__init__(group)
+        super().__init__(group, align_timing)
         self.algorithm = algorithm
         self.putback = putback
         self.feedback = ErrorFeedback()
@@ -99,13 +101,14 @@ class GTopKReducer(Reducer):
         sel = topk_indices(acc, k)
         sparse = (sel, acc[sel])
         t1 = clock()
+        t1c = self._commu_start(clock)
         p2p = PointToPoint(rec, self.peer, self.group)
         codec = SparseCodec(k, m, grad.device)
         schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
         final_idx, final_val = schedule(p2p, codec, sparse, k)
         if self.putback == "exact":
             final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
-        t2 = clock()  # every rank holds the final k entries: the collective is done
+        t2 = self._commu_end(clock)  # every rank holds the final k entries: the collective is done
         if self.putback == "exact":
             acc[final_idx] = 0
         else:
@@ -115,5 +118,5 @@ class GTopKReducer(Reducer):
         update[final_idx] = final_val / P
         rec.selected = k
         rec.t_compr = (t1 - t0) + (t3 - t2)
-        rec.t_commu = t2 - t1
+        rec.t_commu = t2 - t1c
         return update

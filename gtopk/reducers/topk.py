@@ -9,7 +9,8 @@ from torch import Tensor
 from gtopk.costmodel import Network, topk_time, topk_traffic
 from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
 from gtopk.reducers.wire import SparseCodec
-from gtopk.selection import k_for, keep_topk, member_mask, topk_indices
+from gtopk.selection import k_for, topk_indices
+from gtopk.sparse import keep_topk, member_mask
 
 
 class TopKReducer(Reducer):
@@ -24,9 +25,10 @@ class TopKReducer(Reducer):
     (recursive-doubling all-gather, see gtopk.costmodel).
     """
 
-    def __init__(self, density: float, reselect: bool = False, group: dist.ProcessGroup | None = None):
+    def __init__(self, density: float, reselect: bool = False, group: dist.ProcessGroup | None = None,
+                 align_timing: bool = False):
         self.density = validate_density(density)  # before any communication
-        super().__init__(group)
+        super().__init__(group, align_timing)
         self.reselect = bool(reselect)
         self.feedback = ErrorFeedback()
 
@@ -43,13 +45,14 @@ class TopKReducer(Reducer):
         sel = topk_indices(acc, k)
         vals = acc[sel]
         t1 = clock()
+        t1c = self._commu_start(clock)
         codec = SparseCodec(k, m, grad.device)
         mine = codec.pack(sel, vals)
         bufs = [mine] if P == 1 else [codec.empty() for _ in range(P)]
         if P > 1:
             dist.all_gather(bufs, mine, group=self.group)
         parts = [codec.unpack(b) for b in bufs]
-        t2 = clock()  # every rank holds every rank's k entries: the collective is done
+        t2 = self._commu_end(clock)  # every rank holds every rank's k entries: the collective is done
         summed = torch.zeros_like(acc)
         for idx, val in parts:  # rank order; indices are unique within a part
             summed.index_add_(0, idx, val)
@@ -70,5 +73,5 @@ class TopKReducer(Reducer):
         rec.selected = k
         rec.set_traffic(traffic)
         rec.t_compr = (t1 - t0) + (t4 - t3)
-        rec.t_commu = t2 - t1
+        rec.t_commu = t2 - t1c
         return update

@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from gtopk.selection import merge, topk_indices
+from gtopk.selection import topk_indices
+from gtopk.sparse import merge
 from gtopk.selection_bench import DENSITY, SIZES, make_input, make_sparse_pair
 from tests.bench.results import SELECTION, median_of
 
