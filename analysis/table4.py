@@ -1,5 +1,6 @@
 """Table IV: scaling efficiency at each P per reducer, and the speedups of gTop-k over
-dense, Top-k and DDP (ratios of throughput, hence of efficiency), beside the paper's.
+dense, Top-k and DDP, and of Top-k and dense over DDP (the baseline a user would pick
+instead; ratios of throughput, hence of efficiency), beside the paper's.
 
     python -m analysis.table4 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
@@ -65,7 +66,7 @@ def markdown(df: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
     add_model_args(ap)
-    ap.add_argument("--speedups", default="gtopk/dense,gtopk/topk,gtopk/ddp",
+    ap.add_argument("--speedups", default="gtopk/dense,gtopk/topk,gtopk/ddp,topk/ddp,dense/ddp",
                     help="comma-separated NUMERATOR/DENOMINATOR reducer pairs")
     args = ap.parse_args(argv)
     eff = compute(args)

@@ -30,9 +30,13 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from gtopk.costmodel import Network, rd_time
 from gtopk.harness import torchrun_world
 from gtopk.launch import spawn
 from gtopk.perfmodel import NetworkProfile, fit_alpha_beta, predict_commu
+from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.schedules import Payload, recursive_doubling
+from gtopk.reducers.wire import PointToPoint
 
 
 def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[int, float]] | None:
@@ -92,6 +96,34 @@ def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, 
             "t_merge": med[4], "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
 
 
+def round_latency(rank: int, world: int, reps: int) -> float | None:
+    """Collective. Median time, on rank 0, of a recursive-doubling exchange of 8-byte
+    messages over the whole group (the schedule gTop-k's ``recursive_doubling`` uses),
+    from the last rank's start to the last rank's end on one shared clock when every rank
+    runs on this host (else the slowest rank's own time). Divided by the model's number of
+    rounds it is the latency per message with all P ranks running, ``alpha_at_P``: on a
+    real cluster close to the ping-pong alpha; on an emulated one sharing few CPU cores
+    among P ranks it adds the cost of waking P processes every round."""
+    p2p = PointToPoint(ReduceRecord(), lambda r: r, None)
+    word = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float64), 8)
+    new_buf = lambda n: torch.empty(n, dtype=torch.uint8)  # noqa: E731
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    spans = []
+    for i in range(reps + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        recursive_doubling(p2p, rank, world, torch.ones(1, dtype=torch.float64), torch.add, word, word, new_buf)
+        t = torch.tensor([t0, time.perf_counter()], dtype=torch.float64)
+        everyone = [torch.zeros_like(t) for _ in range(world)]
+        dist.all_gather(everyone, t)
+        e = torch.stack(everyone)
+        span = e[:, 1].max() - e[:, 0].max() if len(set(hosts)) == 1 else (e[:, 1] - e[:, 0]).max()
+        if i >= 2:
+            spans.append(span.item())
+    return statistics.median(spans) if rank == 0 else None
+
+
 def cpu_times() -> tuple[float, float]:
     """(busy, total) jiffies of this machine so far (Linux /proc/stat; zeros elsewhere).
     Busy includes kernel networking (softirq), which is what an emulated link costs."""
@@ -111,6 +143,7 @@ def _run_pingpong(rank: int, world: int, cfg: dict):
 def _run_collectives(rank: int, world: int, cfg: dict):
     c = cfg["collectives"]
     out = []
+    latency = round_latency(rank, world, c["latency_reps"]) if world > 1 else None
     for m in c["m"]:
         for name, rcfg in c["reducers"].items():
             busy0, total0 = cpu_times()
@@ -121,7 +154,8 @@ def _run_collectives(rank: int, world: int, cfg: dict):
                 r["link_utilisation"] = None
                 if "bandwidth_bits_per_s" in cfg["cluster_info"] and r["t_commu"] > 0:
                     r["link_utilisation"] = 8 * r["bytes_sent"] / r["t_commu"] / cfg["cluster_info"]["bandwidth_bits_per_s"]
-                out.append({"reducer": name, "nodes": world, "m": m, "density": c["density"], **r})
+                out.append({"reducer": name, "nodes": world, "m": m, "density": c["density"],
+                            "rd_latency": latency, **r})
     return out if rank == 0 else None
 
 
@@ -173,11 +207,20 @@ def main(cfg: DictConfig) -> None:
             for r in _on_cluster(_run_collectives, P, cfg, cfg_dict) or []:
                 rcfg = cfg_dict["collectives"]["reducers"][r["reducer"]]
                 r["t_commu_model"] = predict_commu(rcfg, P, r["m"], prof.network) if samples else None
+                r["alpha_at_P"] = r["t_commu_model_at_P"] = None
+                if samples and r["rd_latency"] is not None:
+                    rounds = rd_time(P, 8, Network(alpha=1.0, beta=0.0))
+                    wire = rd_time(P, 8, Network(alpha=0.0, beta=prof.beta))
+                    at_P = Network(alpha=(r["rd_latency"] - wire) / rounds, beta=prof.beta)
+                    r["alpha_at_P"] = at_P.alpha
+                    r["t_commu_model_at_P"] = predict_commu(rcfg, P, r["m"], at_P)
                 rows.append(r)
                 print(f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
                       f"(slowest rank's own {r['t_commu_slowest']:.4f}s) model {r['t_commu_model']:.4f}s "
                       f"ratio {r['t_commu'] / r['t_commu_model']:.2f}  t_merge {r['t_merge']:.4f}s "
                       f"t_compr {r['t_compr']:.4f}s cpu busy {r['cpu_busy'] or 0:.0%}"
+                      + (f" | alpha at P {r['alpha_at_P'] * 1e3:.3f} ms: model {r['t_commu_model_at_P']:.4f}s ratio "
+                         f"{r['t_commu'] / r['t_commu_model_at_P']:.2f}" if r["alpha_at_P"] is not None else "")
                       + (f" link {r['link_utilisation']:.0%}" if r["link_utilisation"] is not None else ""),
                       flush=True)
         if rows and samples is not None:

@@ -123,6 +123,8 @@ def test_table4_speedups(runs):
     assert row["gtopk/dense"] == pytest.approx(0.200 / 0.116)
     assert row["gtopk/topk"] == pytest.approx(0.125 / 0.116)
     assert row["gtopk/ddp"] == pytest.approx(0.160 / 0.116)
+    assert row["dense/ddp"] == pytest.approx(0.160 / 0.200)  # the dense reducer against DDP
+    assert row["topk/ddp"] == pytest.approx(0.160 / 0.125)
     paper = t.loc[("paper", 32, "paper")]
     assert paper["gtopk/dense"] == pytest.approx(789.3 / 287.9)
     assert math.isnan(paper["gtopk/ddp"])  # the paper had no DDP line
