@@ -1,6 +1,6 @@
 """Exact top-k selection (the merge of sparse vectors lives in ``gtopk.sparse``).
 
-``topk_indices`` is local (no collective calls) and run on the tensors' own device.
+``topk_indices`` is local (no collective calls) and runs on the tensor's own device.
 
 Tie rule, everywhere in this package: among entries of equal |value| the one with the
 smaller index wins. Selected index sets are returned sorted ascending, which makes the
