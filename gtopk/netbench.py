@@ -62,7 +62,21 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
     return out if rank == 0 else None
 
 
-def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int) -> dict | None:
+def on_one_host(world: int) -> bool:
+    """Collective: whether every rank runs on this host (one ``time.perf_counter`` clock)."""
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    return len(set(hosts)) == 1
+
+
+def span(starts: torch.Tensor, ends: torch.Tensor, one_clock: bool) -> float:
+    """Time from the last rank's start to the last rank's end (clock readings per rank);
+    without one shared clock, the slowest rank's own time."""
+    return (ends.max() - starts.max() if one_clock else (ends - starts).max()).item()
+
+
+def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int,
+                 one_clock: bool) -> dict | None:
     """Collective. The reducer runs with ``align_timing`` (every rank starts the collective
     after a barrier and waits at another after it, so no rank's selection or
     post-processing overlaps it). Medians over iterations, on rank 0, of:
@@ -74,9 +88,6 @@ def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, 
       the leaves); t_compr and t_merge: the largest over ranks."""
     reducer = instantiate(reducer_cfg, align_timing=True)
     grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank))
-    hosts: list = [None] * world
-    dist.all_gather_object(hosts, socket.gethostname())
-    one_clock = len(set(hosts)) == 1
     rows = []
     for i in range(warmup + iters):
         dist.barrier()
@@ -86,9 +97,8 @@ def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, 
         dist.all_gather(everyone, mine)
         t = torch.stack(everyone)
         if i >= warmup:
-            slowest = t[:, 0].max().item()
-            span = (t[:, 4].max() - t[:, 3].max()).item() if one_clock else slowest
-            rows.append((span, slowest, t[:, 0].min().item(), t[:, 1].max().item(), t[:, 2].max().item()))
+            rows.append((span(t[:, 3], t[:, 4], one_clock), t[:, 0].max().item(), t[:, 0].min().item(),
+                         t[:, 1].max().item(), t[:, 2].max().item()))
     if rank:
         return None
     med = [statistics.median(r[j] for r in rows) for j in range(5)]
@@ -96,7 +106,7 @@ def time_reducer(rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, 
             "t_merge": med[4], "bytes_sent": rec.bytes_sent, "messages_sent": rec.messages_sent}
 
 
-def round_latency(rank: int, world: int, reps: int) -> float | None:
+def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | None:
     """Collective. Median time, on rank 0, of a recursive-doubling exchange of 8-byte
     messages over the whole group (the schedule gTop-k's ``recursive_doubling`` uses),
     from the last rank's start to the last rank's end on one shared clock when every rank
@@ -107,8 +117,6 @@ def round_latency(rank: int, world: int, reps: int) -> float | None:
     p2p = PointToPoint(ReduceRecord(), lambda r: r, None)
     word = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float64), 8)
     new_buf = lambda n: torch.empty(n, dtype=torch.uint8)  # noqa: E731
-    hosts: list = [None] * world
-    dist.all_gather_object(hosts, socket.gethostname())
     spans = []
     for i in range(reps + 2):
         dist.barrier()
@@ -118,9 +126,8 @@ def round_latency(rank: int, world: int, reps: int) -> float | None:
         everyone = [torch.zeros_like(t) for _ in range(world)]
         dist.all_gather(everyone, t)
         e = torch.stack(everyone)
-        span = e[:, 1].max() - e[:, 0].max() if len(set(hosts)) == 1 else (e[:, 1] - e[:, 0]).max()
         if i >= 2:
-            spans.append(span.item())
+            spans.append(span(e[:, 0], e[:, 1], one_clock))
     return statistics.median(spans) if rank == 0 else None
 
 
@@ -143,11 +150,12 @@ def _run_pingpong(rank: int, world: int, cfg: dict):
 def _run_collectives(rank: int, world: int, cfg: dict):
     c = cfg["collectives"]
     out = []
-    latency = round_latency(rank, world, c["latency_reps"]) if world > 1 else None
+    one_clock = on_one_host(world)
+    latency = round_latency(rank, world, c["latency_reps"], one_clock) if world > 1 else None
     for m in c["m"]:
         for name, rcfg in c["reducers"].items():
             busy0, total0 = cpu_times()
-            r = time_reducer(rank, world, rcfg, m, c["warmup"], c["iters"], cfg["seed"])
+            r = time_reducer(rank, world, rcfg, m, c["warmup"], c["iters"], cfg["seed"], one_clock)
             busy1, total1 = cpu_times()
             if r:
                 r["cpu_busy"] = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
