@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # reproduce-*: ARGS = Hydra overrides for the runs (e.g. ARGS="cluster=local compute=measured"),
-# NETBENCH_ARGS = gtopk.netbench overrides (e.g. "pingpong.reps=3"), SMOKE=1 (reproduce-fig5:
+# NETBENCH_ARGS = gtopk.perf.netbench overrides (e.g. "pingpong.reps=3"), SMOKE=1 (reproduce-fig5:
 # small generated data).
 ARGS ?=
 NETBENCH_ARGS ?=
@@ -14,7 +14,7 @@ SMOKE ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all bench wandb-sync clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
+.PHONY: help setup lint format test test-all bench wandb-sync clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -29,6 +29,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -c "import torch, torchvision, hydra, gtopk; print('setup ok: torch', torch.__version__)"
 	@touch $@
 
+lint: setup  ## ruff check and ruff format --check (config in pyproject.toml)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup  ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
 test: setup  ## Run the default test suite (CPU, gloo on loopback)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
@@ -39,10 +47,10 @@ bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON), collecti
 	@mkdir -p runs/bench
 	$(PY) -m pytest tests/bench -m bench -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
 		--benchmark-json runs/bench/bench-$$(date +%Y%m%d-%H%M%S).json $(PYTEST_ARGS)
-	@cluster=$$($(PY) -c "from gtopk.cluster.netns import unavailable_reason as u; print('local' if u() else 'emulated')"); \
+	@cluster=$$($(PY) -c "from gtopk.run.cluster.netns import unavailable_reason as u; print('local' if u() else 'emulated')"); \
 	out=runs/bench/net-$$cluster-$$(date +%Y%m%d-%H%M%S); \
 	echo "collectives over P and sizes on cluster=$$cluster -> $$out"; \
-	$(PY) -m gtopk.netbench cluster=$$cluster out=$$out $(NETBENCH_ARGS)
+	$(PY) -m gtopk.perf.netbench cluster=$$cluster out=$$out $(NETBENCH_ARGS)
 
 wandb-sync: setup  ## Upload offline wandb runs under runs/ (needs `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' 2>/dev/null); \

@@ -5,7 +5,7 @@ Examples:
     python run.py model=vgg16 data=cifar10 mode=train nodes=4 reducer=gtopk density=0.001
 
 Bad input is one line on stderr (exit 2); a failed job exits 1 (a sweep goes on and lists
-its failed jobs at the end); see gtopk.checks and gtopk.jobs.
+its failed jobs at the end); see gtopk.run.checks and gtopk.run.jobs.
 """
 
 import sys
@@ -14,9 +14,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from gtopk.checks import unknown_choice
-from gtopk.harness import run_job
-from gtopk.jobs import EXIT_BAD_INPUT
+from gtopk.run.checks import unknown_choice
+from gtopk.run.job import run_job
+from gtopk.run.jobs import EXIT_BAD_INPUT
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

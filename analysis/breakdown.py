@@ -18,12 +18,16 @@ import pandas as pd
 from analysis.common import jobs_or_exit, ordered, out_dir, parser, save
 from analysis.scaling import SETUP, modelled, rest_of_iteration
 from gtopk import paper
-from gtopk.perfmodel import NetworkProfile
+from gtopk.perf.model import NetworkProfile
 
 PARTS = ("t_compute", "t_compr", "t_commu", "t_other")
 COLOURS = {"t_compute": "#4c72b0", "t_compr": "#dd8452", "t_commu": "#c44e52", "t_other": "#bbbbbb"}
-LABELS = {"t_compute": "compute", "t_compr": "compression (top-k)", "t_commu": "communication",
-          "t_other": "rest (update, flatten, checks, data)"}
+LABELS = {
+    "t_compute": "compute",
+    "t_compr": "compression (top-k)",
+    "t_commu": "communication",
+    "t_other": "rest (update, flatten, checks, data)",
+}
 
 
 def measured_bars(jobs: pd.DataFrame, nodes: int | None) -> pd.DataFrame:
@@ -33,8 +37,12 @@ def measured_bars(jobs: pd.DataFrame, nodes: int | None) -> pd.DataFrame:
         P = nodes if nodes is not None else int(g["nodes"].max())
         for red, r in g[g["nodes"] == P].groupby("reducer"):
             row = dict(zip(SETUP, key))
-            row.update(reducer=red, nodes=P, kind="measured",
-                       **{k: float(r[k].median()) for k in ("t_compute", "t_compr", "t_commu", "t_iter")})
+            row.update(
+                reducer=red,
+                nodes=P,
+                kind="measured",
+                **{k: float(r[k].median()) for k in ("t_compute", "t_compr", "t_commu", "t_iter")},
+            )
             row["t_other"] = rest_of_iteration(r) + float(r["t_data"].median())
             rows.append(row)
     return pd.DataFrame(rows)
@@ -57,8 +65,12 @@ def paper_bars(models) -> pd.DataFrame:
 
 def plot(bars: pd.DataFrame) -> plt.Figure:
     models = sorted(bars["model"].unique())
-    fig, axes = plt.subplots(1, len(models), figsize=(max(4.0, 1.0 + 0.75 * bars.groupby("model").size().max()) * len(models), 4.2),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(models),
+        figsize=(max(4.0, 1.0 + 0.75 * bars.groupby("model").size().max()) * len(models), 4.2),
+        squeeze=False,
+    )
     for ax, model in zip(axes[0], models):
         g = bars[bars["model"] == model]
         order = []
@@ -83,7 +95,9 @@ def plot(bars: pd.DataFrame) -> plt.Figure:
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, help="P of the measured bars (default: largest per model)")
-    ap.add_argument("--network", help="network profile (gtopk.netbench's profile.json, or `paper`) for modelled bars")
+    ap.add_argument(
+        "--network", help="network profile (gtopk.perf.netbench's profile.json, or `paper`) for modelled bars"
+    )
     ap.add_argument("--model-nodes", type=int, default=32, help="P of the modelled bars (default 32)")
     ap.add_argument("--local-from", type=int, default=1, help="P of the jobs whose local times feed the model")
     args = ap.parse_args(argv)

@@ -1,5 +1,5 @@
 """Communication model check: measured against predicted t_commu over P, per model and
-reducer (``gtopk.perfmodel.compare``: the reducer class's alpha-beta formula with a
+reducer (``gtopk.perf.model.compare``: the reducer class's alpha-beta formula with a
 calibrated network profile).
 
     python -m analysis.commmodel runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from analysis.common import MARKERS, jobs_or_exit, ordered, out_dir, palette, parser, save
-from gtopk.perfmodel import NetworkProfile, compare
+from gtopk.perf.model import NetworkProfile, compare
 
 
 def comparisons(jobs: pd.DataFrame, net: NetworkProfile) -> pd.DataFrame:
@@ -36,12 +36,23 @@ def plot(cmp: pd.DataFrame) -> plt.Figure:
     for ax, model in zip(axes[0], models):
         g = cmp[cmp["model"] == model]
         for i, red in enumerate(ordered(g["reducer"])):
-            r = g[g["reducer"] == red].groupby("nodes")[["t_commu_measured", "t_commu_predicted"]].median().reset_index()
+            r = (
+                g[g["reducer"] == red]
+                .groupby("nodes")[["t_commu_measured", "t_commu_predicted"]]
+                .median()
+                .reset_index()
+            )
             ax.plot(r["nodes"], r["t_commu_predicted"], linestyle="--", color=colours[red], label=f"{red} predicted")
             meas = r[r["t_commu_measured"] > 0]
             if not meas.empty:
-                ax.plot(meas["nodes"], meas["t_commu_measured"], linestyle="-", marker=MARKERS[i % len(MARKERS)],
-                        color=colours[red], label=f"{red} measured")
+                ax.plot(
+                    meas["nodes"],
+                    meas["t_commu_measured"],
+                    linestyle="-",
+                    marker=MARKERS[i % len(MARKERS)],
+                    color=colours[red],
+                    label=f"{red} measured",
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ticks = sorted(g["nodes"].unique())
@@ -57,7 +68,7 @@ def plot(cmp: pd.DataFrame) -> plt.Figure:
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--network", required=True, help="network profile (gtopk.netbench's profile.json, or `paper`)")
+    ap.add_argument("--network", required=True, help="network profile (gtopk.perf.netbench's profile.json, or `paper`)")
     args = ap.parse_args(argv)
     cmp = comparisons(jobs_or_exit(args), NetworkProfile.load(args.network))
     if cmp.empty:

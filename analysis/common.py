@@ -4,8 +4,8 @@ they are written (PNG + PDF of the figure, the CSV behind it)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
@@ -27,8 +27,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("roots", nargs="+", help="directories holding the runs (e.g. runs/fig6_reproduce)")
     ap.add_argument("--out", help="output folder (default: <first root>/analysis)")
-    ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read the runs synced to this wandb project "
-                    "(only when online)")
+    ap.add_argument(
+        "--wandb", metavar="ENTITY/PROJECT", help="also read the runs synced to this wandb project (only when online)"
+    )
     ap.add_argument("--wandb-group", help="with --wandb: only this group (experiment name)")
     return ap
 

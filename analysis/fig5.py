@@ -63,7 +63,19 @@ def main(argv: list[str] | None = None) -> None:
     if epochs.empty:
         raise SystemExit(f"no training epochs (epochs.jsonl) under {' '.join(args.roots)}")
     epochs = labelled(epochs)
-    cols = ["name", "model", "label", "reducer", "nodes", "density", "epoch", "train_loss", "test_loss", "test_top1", "run_dir"]
+    cols = [
+        "name",
+        "model",
+        "label",
+        "reducer",
+        "nodes",
+        "density",
+        "epoch",
+        "train_loss",
+        "test_loss",
+        "test_top1",
+        "run_dir",
+    ]
     save(plot(epochs), epochs[cols].sort_values(["model", "label", "epoch"]), out_dir(args.roots, args.out), args.stem)
 
 

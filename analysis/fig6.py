@@ -15,19 +15,26 @@ import pandas as pd
 
 from analysis.common import MARKERS, jobs_or_exit, ordered, out_dir, palette, parser, save
 from analysis.scaling import BASELINE, SETUP, efficiencies, paper_efficiency
-from gtopk.perfmodel import NetworkProfile
+from gtopk.perf.model import NetworkProfile
 
 PAPER_STYLE = {"color": "0.6", "linewidth": 1.0, "linestyle": ":", "markersize": 4}
 
 
 def add_model_args(ap) -> None:
     """Options of the scripts that use measured and modelled efficiencies."""
-    ap.add_argument("--network", help="network profile for the modelled points: profile.json from "
-                    "gtopk.netbench on the cluster the runs used, or `paper` (default: no model)")
-    ap.add_argument("--baseline", default=BASELINE, help="reducers whose P = 1 job gives v_1, the first found "
-                    f"per setup (default {BASELINE})")
-    ap.add_argument("--local-from", type=int, default=1,
-                    help="P of the jobs whose local times feed the model (default 1)")
+    ap.add_argument(
+        "--network",
+        help="network profile for the modelled points: profile.json from "
+        "gtopk.perf.netbench on the cluster the runs used, or `paper` (default: no model)",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=BASELINE,
+        help=f"reducers whose P = 1 job gives v_1, the first found per setup (default {BASELINE})",
+    )
+    ap.add_argument(
+        "--local-from", type=int, default=1, help="P of the jobs whose local times feed the model (default 1)"
+    )
     ap.add_argument("--extend", default="16,32", help="P values modelled beyond the measured ones")
 
 
@@ -54,8 +61,10 @@ def plot(eff: pd.DataFrame, ref: pd.DataFrame) -> plt.Figure:
             p = ref[(ref["model"] == model) & (ref["reducer"] == red)].sort_values("nodes")
             ax.plot(p["nodes"], p["efficiency"], marker=MARKERS[i % len(MARKERS)], label=f"paper {red}", **PAPER_STYLE)
         for i, red in enumerate(ordered(g["reducer"])):
-            for kind, style in (("modelled", {"linestyle": "--", "linewidth": 1.2}),
-                                ("measured", {"linestyle": "-", "linewidth": 2.0, "marker": MARKERS[i % len(MARKERS)]})):
+            for kind, style in (
+                ("modelled", {"linestyle": "--", "linewidth": 1.2}),
+                ("measured", {"linestyle": "-", "linewidth": 2.0, "marker": MARKERS[i % len(MARKERS)]}),
+            ):
                 p = g[(g["reducer"] == red) & (g["kind"] == kind)].sort_values("nodes")
                 if not p.empty:
                     ax.plot(p["nodes"], p["efficiency"], color=colours[red], label=f"{red} ({kind})", **style)

@@ -22,13 +22,14 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
 
-from gtopk.records import SUMMARY, read_jsonl
+from gtopk.records.rundir import SUMMARY, read_jsonl
 
 EPOCHS = "epochs.jsonl"
 ENV_KEYS = ("cpu", "host", "git_commit")
@@ -62,15 +63,22 @@ def job_row(summary: dict, cfg: dict, run_dir: str, source: str, wandb_id: str |
     row = {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
     env = summary.get("env") or {}
     row.update({f"env_{k}": env.get(k) for k in ENV_KEYS})
-    row.update(name=cfg.get("name"), reducer_cfg=dict(cfg.get("reducer") or {}), run_dir=run_dir,
-               source=source, wandb_id=wandb_id)
+    row.update(
+        name=cfg.get("name"),
+        reducer_cfg=dict(cfg.get("reducer") or {}),
+        run_dir=run_dir,
+        source=source,
+        wandb_id=wandb_id,
+    )
     row.setdefault("reducer", cfg.get("reducer_name"))
     row.setdefault("model", cfg.get("model_name"))
     row["images_per_iter"] = int(row["batch_per_worker"]) * int(row.get("grad_accum_steps", 1))
     return row
 
 
-def load_jobs(roots: Iterable[str | Path], wandb_path: str | None = None, wandb_group: str | None = None) -> pd.DataFrame:
+def load_jobs(
+    roots: Iterable[str | Path], wandb_path: str | None = None, wandb_group: str | None = None
+) -> pd.DataFrame:
     """One row per finished job under ``roots`` (and, if asked, on wandb)."""
     rows = []
     for d in run_dirs(roots):
@@ -83,7 +91,9 @@ def load_jobs(roots: Iterable[str | Path], wandb_path: str | None = None, wandb_
     return jobs
 
 
-def load_epochs(roots: Iterable[str | Path], wandb_path: str | None = None, wandb_group: str | None = None) -> pd.DataFrame:
+def load_epochs(
+    roots: Iterable[str | Path], wandb_path: str | None = None, wandb_group: str | None = None
+) -> pd.DataFrame:
     """One row per recorded epoch (``epoch, train_loss, test_loss, test_top1``) of every
     training run under ``roots``, with the run's reducer, model, nodes, density, name."""
     rows = []
@@ -102,10 +112,18 @@ def load_epochs(roots: Iterable[str | Path], wandb_path: str | None = None, wand
 
 def epoch_meta(cfg: dict, run_dir: str, source: str, wandb_id: str | None) -> dict:
     """What identifies a training run in ``epochs``."""
-    return {"name": cfg.get("name"), "reducer": cfg.get("reducer_name"), "model": cfg.get("model_name"),
-            "nodes": cfg.get("nodes"), "density": cfg.get("density"), "data": cfg.get("data_name"),
-            "reducer_cfg": dict(cfg.get("reducer") or {}), "run_dir": run_dir, "source": source,
-            "wandb_id": wandb_id}
+    return {
+        "name": cfg.get("name"),
+        "reducer": cfg.get("reducer_name"),
+        "model": cfg.get("model_name"),
+        "nodes": cfg.get("nodes"),
+        "density": cfg.get("density"),
+        "data": cfg.get("data_name"),
+        "reducer_cfg": dict(cfg.get("reducer") or {}),
+        "run_dir": run_dir,
+        "source": source,
+        "wandb_id": wandb_id,
+    }
 
 
 def _merge(local: pd.DataFrame, remote: pd.DataFrame) -> pd.DataFrame:
@@ -147,7 +165,9 @@ def load_wandb(path: str, group: str | None = None) -> tuple[pd.DataFrame, pd.Da
         runs = wandb.Api(timeout=30).runs(path, filters={"group": group} if group else None)
         jobs, epochs = wandb_rows(runs)
     except Exception as e:  # noqa: BLE001 - offline, no key, no such project: local records only
-        print(f"warning: could not read wandb runs of {path} ({type(e).__name__}: {e}); "
-              "using the local records only", file=sys.stderr)
+        print(
+            f"warning: could not read wandb runs of {path} ({type(e).__name__}: {e}); using the local records only",
+            file=sys.stderr,
+        )
         return pd.DataFrame(), pd.DataFrame()
     return pd.DataFrame(jobs), pd.DataFrame(epochs)

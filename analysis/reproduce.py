@@ -10,10 +10,10 @@ after another measures once):
 1. the cluster: ``cluster=emulated`` (1 Gbit/s shaped namespaces) where root and
    ``ip``/``tc`` are available, else ``cluster=local`` (loopback) with a warning; a
    ``cluster=`` override wins;
-2. ``gtopk.netbench`` ping-pong on that cluster, with the same cluster settings: the
+2. ``gtopk.perf.netbench`` ping-pong on that cluster, with the same cluster settings: the
    calibrated alpha-beta profile, ``<runs>/net/<cluster settings>/profile.json``
    (measured once per cluster setting);
-3. ``gtopk.batch`` with ``DEFAULTS`` (experiment=fig6_reproduce: compute replayed from
+3. ``gtopk.run.batch`` with ``DEFAULTS`` (experiment=fig6_reproduce: compute replayed from
    the p102 profile; VGG-16 and ResNet-20; dense, Top-k, gTop-k and DDP; P = 1, 2, 4, 8),
    any override replacing the default of its key (``model=vgg16,resnet20,alexnet``);
 4. the analysis scripts with that profile (modelled extension to P = 16 and 32).
@@ -39,8 +39,12 @@ DEFAULTS = ["experiment=fig6_reproduce", "model=vgg16,resnet20", "reducer=dense,
 FIG5 = ["experiment=fig5_convergence", "model=resnet20", "reducer=dense,topk,gtopk"]
 DENSITY = ["experiment=density_sensitivity", "model=resnet20", "density=0.001,0.0005,0.0001"]
 SMOKE = ["nodes=2", "train.epochs=4", "train.loader_workers=0", "logger.wandb=false", "data.verify=false"]
-SCALING_SCRIPTS = {"fig6": ["fig6", "commmodel"], "table4": ["table4"], "breakdown": ["breakdown"],
-                   "scaling": ["fig6", "table4", "breakdown", "commmodel"]}
+SCALING_SCRIPTS = {
+    "fig6": ["fig6", "commmodel"],
+    "table4": ["table4"],
+    "breakdown": ["breakdown"],
+    "scaling": ["fig6", "table4", "breakdown", "commmodel"],
+}
 
 
 def keys(overrides: list[str]) -> set[str]:
@@ -67,13 +71,17 @@ def pick_cluster(overrides: list[str]) -> list[str]:
     build the emulated one."""
     if "cluster" in keys(overrides):
         return overrides
-    from gtopk.cluster.netns import unavailable_reason
+    from gtopk.run.cluster.netns import unavailable_reason
 
     reason = unavailable_reason()
     if reason is None:
         return overrides
-    print(f"WARNING: cannot emulate the 1 Gbit/s cluster here ({reason}); running on loopback "
-          "(cluster=local): this machine's own interconnect, not the paper's network", file=sys.stderr, flush=True)
+    print(
+        f"WARNING: cannot emulate the 1 Gbit/s cluster here ({reason}); running on loopback "
+        "(cluster=local): this machine's own interconnect, not the paper's network",
+        file=sys.stderr,
+        flush=True,
+    )
     return overrides + ["cluster=local"]
 
 
@@ -86,7 +94,7 @@ def cluster_args(cluster_name: str, cluster_cfg: dict) -> tuple[list[str], str]:
 
 def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     """Steps 1-4 of the module docstring for a scaling target."""
-    from gtopk.batch import compose_job, expand
+    from gtopk.run.batch import compose_job, expand
 
     t0 = time.monotonic()
     overrides = pick_cluster(merged(DEFAULTS, overrides))
@@ -95,14 +103,27 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     nb_args, nb_name = cluster_args(first.cfg.cluster_name, dict(first.cfg.cluster))
     net = runs / "net" / nb_name
     if not (net / "profile.json").exists():
-        run([sys.executable, "-m", "gtopk.netbench", *nb_args, "collectives.nodes=[]",
-             f"name={first.cfg.cluster_name}", f"out={net}", *netbench])
-    run([sys.executable, "-m", "gtopk.batch", *overrides])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "gtopk.perf.netbench",
+                *nb_args,
+                "collectives.nodes=[]",
+                f"name={first.cfg.cluster_name}",
+                f"out={net}",
+                *netbench,
+            ]
+        )
+    run([sys.executable, "-m", "gtopk.run.batch", *overrides])
     for script in SCALING_SCRIPTS[target]:
         run([sys.executable, "-m", f"analysis.{script}", str(runs), "--network", str(net / "profile.json")])
     outputs = [f"{s}.csv, {s}.md" if s == "table4" else f"{s}.{{png,pdf,csv}}" for s in SCALING_SCRIPTS[target]]
-    print(f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: {'; '.join(outputs)}. "
-          f"Runs in {runs}/, network profile {net / 'profile.json'}", flush=True)
+    print(
+        f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: {'; '.join(outputs)}. "
+        f"Runs in {runs}/, network profile {net / 'profile.json'}",
+        flush=True,
+    )
 
 
 def fig5(overrides: list[str], smoke: bool) -> None:
@@ -122,15 +143,18 @@ def fig5(overrides: list[str], smoke: bool) -> None:
         roots.append(Path("runs") / name)
     run([sys.executable, "-m", "analysis.fig5", str(roots[0])])
     run([sys.executable, "-m", "analysis.fig5", str(roots[1]), "--stem", "density"])
-    print(f"\nfig5: outputs in {roots[0] / 'analysis'}/fig5.{{png,pdf,csv}} and "
-          f"{roots[1] / 'analysis'}/density.{{png,pdf,csv}}", flush=True)
+    print(
+        f"\nfig5: outputs in {roots[0] / 'analysis'}/fig5.{{png,pdf,csv}} and "
+        f"{roots[1] / 'analysis'}/density.{{png,pdf,csv}}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5"]))
     ap.add_argument("--smoke", action="store_true", help="fig5: small generated data, a few short epochs")
-    ap.add_argument("--netbench", default="", help="extra gtopk.netbench overrides, e.g. \"pingpong.reps=3\"")
+    ap.add_argument("--netbench", default="", help='extra gtopk.perf.netbench overrides, e.g. "pingpong.reps=3"')
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
     args = ap.parse_intermixed_args(argv)
     if args.target == "fig5":

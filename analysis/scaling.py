@@ -9,24 +9,24 @@ selection costs time, as it would on a single machine. A setup is one experiment
 batch and density (``SETUP``); runs of different setups are never mixed.
 
 Modelled points (``modelled``): t_commu from the reducer class's alpha-beta formula with a
-calibrated network profile (``gtopk.netbench``), plus that reducer's measured local times
+calibrated network profile (``gtopk.perf.netbench``), plus that reducer's measured local times
 (t_data, t_compute, t_compr, and as t_update the rest of the iteration: the update,
 flattening, the non-finite check; see ``rest_of_iteration``) taken from its job at
 ``local_from`` workers
 (default P = 1: the worker alone on the machine, the nearest this box gets to one worker
 per machine; at larger P on a small machine the workers' CPU-side work shares the cores
 and is inflated). Overlapping reducers (DDP) take max(t_compute, t_commu)
-(``gtopk.perfmodel.predict_iter``).
+(``gtopk.perf.model.predict_iter``).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
 from gtopk import paper
-from gtopk.perfmodel import LOCAL_TIMES, NetworkProfile, predict_iter
+from gtopk.perf.model import LOCAL_TIMES, NetworkProfile, predict_iter
 
 SETUP = ["name", "cluster", "compute", "model", "batch_per_worker", "grad_accum_steps", "density"]
 V = "images_per_s_per_worker"
@@ -50,16 +50,22 @@ def baseline_v1(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
                 rows.append({**dict(zip(SETUP, key)), "v1": float(one[V].median()), "v1_from": red})
                 break
     if not rows:
-        raise ValueError(f"no P = 1 job of reducer={baseline} found: it gives v_1; run one "
-                         f"(nodes=1 reducer={order[0]}) or pick another --baseline")
+        raise ValueError(
+            f"no P = 1 job of reducer={baseline} found: it gives v_1; run one "
+            f"(nodes=1 reducer={order[0]}) or pick another --baseline"
+        )
     return pd.DataFrame(rows)
 
 
 def measured(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """e(P) of every (setup, reducer, P) measured; duplicates (same setup, reducer and P)
     give their median throughput (``n_jobs`` says how many)."""
-    v = (jobs.groupby(SETUP + ["reducer", "nodes"], dropna=False)[V]
-         .agg(["median", "size"]).rename(columns={"median": "v", "size": "n_jobs"}).reset_index())
+    v = (
+        jobs.groupby(SETUP + ["reducer", "nodes"], dropna=False)[V]
+        .agg(["median", "size"])
+        .rename(columns={"median": "v", "size": "n_jobs"})
+        .reset_index()
+    )
     v = v.merge(baseline_v1(jobs, baseline), on=SETUP, how="inner")
     v["efficiency"] = v["v"] / v["v1"]
     v["kind"] = "measured"
@@ -88,14 +94,24 @@ def local_times(jobs: pd.DataFrame, local_from: int = 1) -> pd.DataFrame:
         row = dict(zip(SETUP + ["reducer"], key))
         row.update({k: float(at[k].median()) for k in LOCAL_TIMES})
         row["t_update"] = rest_of_iteration(at, commu_is_local=int(src["nodes"]) == 1)
-        row.update(local_from_nodes=int(src["nodes"]), reducer_cfg=src["reducer_cfg"], params=int(src["params"]),
-                   images_per_iter=int(src["images_per_iter"]))
+        row.update(
+            local_from_nodes=int(src["nodes"]),
+            reducer_cfg=src["reducer_cfg"],
+            params=int(src["params"]),
+            images_per_iter=int(src["images_per_iter"]),
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def modelled(jobs: pd.DataFrame, net: NetworkProfile, nodes: Sequence[int] | None = None,
-             baseline: str = BASELINE, local_from: int = 1, extend_to: Iterable[int] = (16, 32)) -> pd.DataFrame:
+def modelled(
+    jobs: pd.DataFrame,
+    net: NetworkProfile,
+    nodes: Sequence[int] | None = None,
+    baseline: str = BASELINE,
+    local_from: int = 1,
+    extend_to: Iterable[int] = (16, 32),
+) -> pd.DataFrame:
     """e(P) predicted by the calibrated model at ``nodes`` (default: every measured P and
     ``extend_to``), one line per (setup, reducer)."""
     if nodes is None:
@@ -105,9 +121,17 @@ def modelled(jobs: pd.DataFrame, net: NetworkProfile, nodes: Sequence[int] | Non
     for _, lt in local_times(jobs, local_from).iterrows():
         for P in nodes:
             pred = predict_iter(lt["reducer_cfg"], int(P), lt["params"], net.network, lt, lt["images_per_iter"])
-            rows.append({**{k: lt[k] for k in SETUP + ["reducer"]}, "nodes": int(P), "v": pred[V],
-                         "t_commu": pred["t_commu"], "t_iter": pred["t_iter"],
-                         "local_from_nodes": lt["local_from_nodes"], **{k: lt[k] for k in LOCAL_TIMES}})
+            rows.append(
+                {
+                    **{k: lt[k] for k in SETUP + ["reducer"]},
+                    "nodes": int(P),
+                    "v": pred[V],
+                    "t_commu": pred["t_commu"],
+                    "t_iter": pred["t_iter"],
+                    "local_from_nodes": lt["local_from_nodes"],
+                    **{k: lt[k] for k in LOCAL_TIMES},
+                }
+            )
     out = pd.DataFrame(rows).merge(v1, on=SETUP, how="inner")
     out["efficiency"] = out["v"] / out["v1"]
     out["kind"] = "modelled"
@@ -127,8 +151,13 @@ def paper_efficiency(models: Iterable[str] | None = None) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def efficiencies(jobs: pd.DataFrame, net: NetworkProfile | None, baseline: str = BASELINE, local_from: int = 1,
-                 extend_to: Iterable[int] = (16, 32)) -> pd.DataFrame:
+def efficiencies(
+    jobs: pd.DataFrame,
+    net: NetworkProfile | None,
+    baseline: str = BASELINE,
+    local_from: int = 1,
+    extend_to: Iterable[int] = (16, 32),
+) -> pd.DataFrame:
     """Measured and (when ``net`` is given) modelled e(P), in one frame (``kind``)."""
     parts = [measured(jobs, baseline)]
     if net is not None:

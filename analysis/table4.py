@@ -54,10 +54,12 @@ def table(eff: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
 
 def markdown(df: pd.DataFrame) -> str:
     """The table as GitHub markdown (numbers to 3 decimals, blanks for missing)."""
+
     def cell(v) -> str:
         if isinstance(v, float):
             return "" if v != v else f"{v:.3f}"
         return str(v)
+
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines) + "\n"
@@ -66,8 +68,11 @@ def markdown(df: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
     add_model_args(ap)
-    ap.add_argument("--speedups", default="gtopk/dense,gtopk/topk,gtopk/ddp,topk/ddp,dense/ddp",
-                    help="comma-separated NUMERATOR/DENOMINATOR reducer pairs")
+    ap.add_argument(
+        "--speedups",
+        default="gtopk/dense,gtopk/topk,gtopk/ddp,topk/ddp,dense/ddp",
+        help="comma-separated NUMERATOR/DENOMINATOR reducer pairs",
+    )
     args = ap.parse_args(argv)
     eff = compute(args)
     ref = paper_efficiency(eff["model"].unique()).assign(cluster="paper", compute="P102-100")

@@ -12,8 +12,9 @@ import warnings
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gtopk.costmodel import dense_traffic
-from gtopk.reducers.base import Clock, ReduceRecord
+from gtopk.host import Clock
+from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.costmodel import dense_traffic
 from gtopk.reducers.dense import DenseReducer
 
 
@@ -21,7 +22,7 @@ class DDPReducer(DenseReducer):
     """Collective work happens in DDP's backward hooks (``all_reduce`` per bucket); the
     record reports the same nominal ring traffic as ``DenseReducer``."""
 
-    #: the model (gtopk.perfmodel) takes max(t_compute, t_commu) instead of their sum
+    #: the model (gtopk.perf.model) takes max(t_compute, t_commu) instead of their sum
     overlaps_backward = True
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -30,8 +31,9 @@ class DDPReducer(DenseReducer):
         with warnings.catch_warnings():  # broadcast_buffers' deprecation notice; we want no syncing
             warnings.simplefilter("ignore", FutureWarning)
             # BN statistics stay per rank, as in the paper (buffers were broadcast at start)
-            return DistributedDataParallel(model, bucket_cap_mb=self.bucket_mb, process_group=self.group,
-                                           broadcast_buffers=False)
+            return DistributedDataParallel(
+                model, bucket_cap_mb=self.bucket_mb, process_group=self.group, broadcast_buffers=False
+            )
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         rec.selected = grad.numel()

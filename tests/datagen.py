@@ -13,7 +13,7 @@ def _images(n: int, rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
     labels = rng.integers(0, 10, n)
     img = rng.integers(0, 100, (n, 3, 32, 32), dtype=np.uint8)
     for i, c in enumerate(labels):
-        img[i, :, 3 * c: 3 * c + 3, :] = 255
+        img[i, :, 3 * c : 3 * c + 3, :] = 255
     return img.reshape(n, 3072), [int(c) for c in labels]
 
 
@@ -26,11 +26,19 @@ def write_cifar10(root: Path, per_batch: int = 64, test: int = 64, seed: int = 0
     for name in names:
         data, labels = _images(test if name == "test_batch" else per_batch, rng)
         with open(folder / name, "wb") as f:
-            pickle.dump({"batch_label": name, "labels": labels, "data": data,
-                         "filenames": [f"{name}_{i}.png" for i in range(len(labels))]}, f)
+            pickle.dump(
+                {
+                    "batch_label": name,
+                    "labels": labels,
+                    "data": data,
+                    "filenames": [f"{name}_{i}.png" for i in range(len(labels))],
+                },
+                f,
+            )
     with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch,
-                     "num_vis": 3072}, f)
+        pickle.dump(
+            {"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch, "num_vis": 3072}, f
+        )
     return root
 
 

@@ -14,8 +14,11 @@ def where_am_i(rank: int, P: int) -> dict:
     """Each rank's view: its eth0 address and the rendezvous settings it got."""
     addrs = open("/proc/net/fib_trie").read()
     dist.barrier()
-    return {"master": os.environ["MASTER_ADDR"], "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-            "sees_own_address": f"10.99.0.{rank + 1}" in addrs}
+    return {
+        "master": os.environ["MASTER_ADDR"],
+        "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "sees_own_address": f"10.99.0.{rank + 1}" in addrs,
+    }
 
 
 def one_way_seconds(rank: int, P: int, nbytes: int, reps: int) -> float | None:

@@ -22,8 +22,15 @@ def start(*args: str) -> subprocess.Popen:
     stderr go to files, so that waiting for it never waits for its descendants."""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0")
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=env,
-                            stdout=out, stderr=err, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "run.py"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=err,
+        text=True,
+        start_new_session=True,
+    )
     proc.outputs = (out, err)  # type: ignore[attr-defined]
     return proc
 

@@ -1,4 +1,4 @@
-"""Worker functions run by gtopk.launch.spawn in the distributed tests (module level, so
+"""Worker functions run by gtopk.run.spawn.spawn in the distributed tests (module level, so
 that spawned processes can import them). Each returns plain data for the parent to check.
 """
 
@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gtopk import reference
-from gtopk.reducers import DenseReducer, GTopKReducer, TopKReducer
-from gtopk.selection import k_for
+from gtopk.reducers import DenseReducer, GTopKReducer, TopKReducer, reference
+from gtopk.reducers.selection import k_for
 
 
 @dataclass(frozen=True)
@@ -89,8 +88,10 @@ def check_against_reference(rank: int, P: int, cases: list[Case]) -> dict:
                 break
             start, end = reducer.commu_span
             if not (start <= end and abs((end - start) - rec.t_commu) < 1e-9):
-                failures.append(f"{case.name} P={P} rank={rank} iter={it}: commu_span {reducer.commu_span} "
-                                f"does not span t_commu={rec.t_commu}")
+                failures.append(
+                    f"{case.name} P={P} rank={rank} iter={it}: commu_span {reducer.commu_span} "
+                    f"does not span t_commu={rec.t_commu}"
+                )
             # conservation, on the distributed reducer's own state
             mine = torch.stack([accs[rank], residual])
             both = [torch.empty_like(mine) for _ in range(P)]

@@ -15,12 +15,14 @@ BREAKDOWN = HERE / "breakdown.csv"
 
 def rows(path: Path) -> list[dict]:
     """The CSV's rows, numbers converted (int where integral, else float)."""
+
     def num(v: str):
         try:
             f = float(v)
         except ValueError:
             return v
         return int(f) if f.is_integer() and "." not in v else f
+
     with open(path, newline="") as f:
         return [{k: num(v) for k, v in r.items()} for r in csv.DictReader(f)]
 

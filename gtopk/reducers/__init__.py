@@ -1,6 +1,6 @@
 """The three reducers behind one interface: ``reduce(grad) -> (update, record)``."""
 
-from gtopk.reducers.base import ReduceRecord, Reducer, validate_density
+from gtopk.reducers.base import Reducer, ReduceRecord, validate_density
 from gtopk.reducers.dense import DenseReducer
 from gtopk.reducers.gtopk import GTopKReducer
 from gtopk.reducers.topk import TopKReducer

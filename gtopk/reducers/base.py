@@ -8,7 +8,6 @@ call it, in the same order, with a gradient of the same size.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -17,8 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gtopk.host import Clock
+
 if TYPE_CHECKING:
-    from gtopk.costmodel import Network
+    from gtopk.reducers.costmodel import Network
 
 
 @dataclass
@@ -26,7 +27,7 @@ class ReduceRecord:
     """What one ``reduce`` call did on this rank.
 
     selected: entries this worker selected (m for dense).
-    bytes_sent / bytes_recv / messages_sent: this rank's traffic (see gtopk.costmodel
+    bytes_sent / bytes_recv / messages_sent: this rank's traffic (see gtopk.reducers.costmodel
         for which counts are exact and which nominal).
     t_compr: seconds in local work on the residual (add, top-k selection, put-back).
     t_commu: seconds in the collective: from the selected entries to every rank holding the
@@ -48,7 +49,7 @@ class ReduceRecord:
         return asdict(self)
 
     def set_traffic(self, traffic) -> None:
-        """Copy a ``gtopk.costmodel.Traffic`` (nominal counts of a backend collective)."""
+        """Copy a ``gtopk.reducers.costmodel.Traffic`` (nominal counts of a backend collective)."""
         self.messages_sent = traffic.messages_sent
         self.bytes_sent = traffic.bytes_sent
         self.bytes_recv = traffic.bytes_recv
@@ -59,22 +60,12 @@ def validate_density(density: float) -> float:
     try:
         d = float(density)
     except (TypeError, ValueError):
-        raise ValueError(f"density={density!r} is not a number; set density to a value in (0, 1], e.g. density=0.001") from None
+        raise ValueError(
+            f"density={density!r} is not a number; set density to a value in (0, 1], e.g. density=0.001"
+        ) from None
     if not 0.0 < d <= 1.0:
         raise ValueError(f"density={density!r} is outside (0, 1]; set density to a value in (0, 1], e.g. density=0.001")
     return d
-
-
-class Clock:
-    """Wall clock that first waits for queued GPU work on ``device`` (honest timing)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
 
 
 class Reducer(ABC):
@@ -95,7 +86,7 @@ class Reducer(ABC):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is not initialised; call dist.init_process_group first "
-                "(run.py does this), or use gtopk.reference for a single-process computation"
+                "(run.py does this), or use gtopk.reducers.reference for a single-process computation"
             )
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -126,12 +117,12 @@ class Reducer(ABC):
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     @classmethod
-    def predict_commu(cls, P: int, m: int, net: "Network", **settings) -> float:
+    def predict_commu(cls, P: int, m: int, net: Network, **settings) -> float:
         """Alpha-beta time of one ``reduce``'s communication for P ranks and m entries,
         with this reducer's config ``settings`` (no process group needed)."""
         raise NotImplementedError(f"{cls.__name__} has no communication model")
 
-    def wrap(self, model: "torch.nn.Module") -> "torch.nn.Module":
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module the training loop runs forward/backward on (DDP wraps it)."""
         return model
 

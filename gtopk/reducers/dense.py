@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
-from gtopk.reducers.base import Clock, ReduceRecord, Reducer
+from gtopk.host import Clock
+from gtopk.reducers.base import Reducer, ReduceRecord
+from gtopk.reducers.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
 
 
 def bucket_numel(bucket_mb: float) -> int:
@@ -22,12 +23,11 @@ class DenseReducer(Reducer):
     """``update = all_reduce(grad) / P``, issued as asynchronous all-reduces over buckets
     of ``bucket_mb`` MiB (the last one shorter). Collective: ``dist.all_reduce`` per bucket.
 
-    Traffic in the record is nominal: a ring all-reduce per bucket (see gtopk.costmodel).
+    Traffic in the record is nominal: a ring all-reduce per bucket (see gtopk.reducers.costmodel).
     """
 
-    def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None,
-                 align_timing: bool = False):
-        if not bucket_mb > 0:  # settings first: checked without a process group (gtopk.checks)
+    def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None, align_timing: bool = False):
+        if not bucket_mb > 0:  # settings first: checked without a process group (gtopk.run.checks)
             raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
         super().__init__(group, align_timing)
         self.bucket_mb = bucket_mb
@@ -45,9 +45,7 @@ class DenseReducer(Reducer):
         t0 = self._commu_start(clock)
         out = grad.detach().clone()
         if self.world_size > 1:
-            works = [
-                dist.all_reduce(b, group=self.group, async_op=True) for b in out.split(self.bucket_numel)
-            ]
+            works = [dist.all_reduce(b, group=self.group, async_op=True) for b in out.split(self.bucket_numel)]
             for w in works:
                 w.wait()
             out.div_(self.world_size)

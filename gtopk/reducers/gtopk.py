@@ -6,12 +6,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.costmodel import Network, gtopk_time
-from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
+from gtopk.host import Clock
+from gtopk.reducers.base import ErrorFeedback, Reducer, ReduceRecord, validate_density
+from gtopk.reducers.costmodel import Network, gtopk_time
 from gtopk.reducers.schedules import Payload, recursive_doubling, tree_broadcast, tree_reduce
+from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.sparse import member_mask, merge
 from gtopk.reducers.wire import PointToPoint, SparseCodec
-from gtopk.selection import k_for, topk_indices
-from gtopk.sparse import member_mask, merge
 
 ALGORITHMS = ("tree", "recursive_doubling")
 PUTBACKS = ("index", "exact")
@@ -28,7 +29,7 @@ class GTopKReducer(Reducer):
       ``recursive_doubling``: partners exchange and both merge; ranks above the largest
         power of two fold into a partner first and get the result back after.
     putback:
-      ``index``: the paper's rule, gradient loss included (see gtopk.reference.gtopk).
+      ``index``: the paper's rule, gradient loss included (see gtopk.reducers.reference.gtopk).
       ``exact``: the final indices F are broadcast (indices only), then every rank's
         full acc[F] is summed by recursive doubling and applied; each rank keeps acc
         outside F. No gradient is lost.
@@ -54,8 +55,9 @@ class GTopKReducer(Reducer):
         self.feedback = ErrorFeedback()
 
     @classmethod
-    def predict_commu(cls, P: int, m: int, net: Network, density: float = 0.001, algorithm: str = "tree",
-                      putback: str = "index", **_) -> float:
+    def predict_commu(
+        cls, P: int, m: int, net: Network, density: float = 0.001, algorithm: str = "tree", putback: str = "index", **_
+    ) -> float:
         """Messages of gTopKAllReduce on the critical path (merges not included)."""
         return gtopk_time(P, k_for(density, m), m, net, algorithm, putback)
 
@@ -81,16 +83,17 @@ class GTopKReducer(Reducer):
         msg = Payload(lambda s: codec.pack(*s), codec.unpack, codec.nbytes)
         back = msg
         if self.putback == "exact":
-            back = Payload(lambda s: codec.pack_indices(s[0]), lambda b: (codec.unpack_indices(b), None),
-                           codec.index_nbytes)
-        return recursive_doubling(p2p, self.rank, self.world_size, sparse,
-                                  self._merge, msg, back, codec.empty)
+            back = Payload(
+                lambda s: codec.pack_indices(s[0]), lambda b: (codec.unpack_indices(b), None), codec.index_nbytes
+            )
+        return recursive_doubling(p2p, self.rank, self.world_size, sparse, self._merge, msg, back, codec.empty)
 
     def _sum_at(self, p2p, codec, values: Tensor) -> Tensor:
         """Recursive-doubling all-reduce (sum) of a k-vector of float32 values."""
         as_bytes = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float32), 4 * values.numel())
-        return recursive_doubling(p2p, self.rank, self.world_size, values, lambda a, b: a + b,
-                                  as_bytes, as_bytes, codec.empty)
+        return recursive_doubling(
+            p2p, self.rank, self.world_size, values, lambda a, b: a + b, as_bytes, as_bytes, codec.empty
+        )
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         P, m = self.world_size, grad.numel()

@@ -8,12 +8,13 @@ both partners of an exchange compute the same result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch import Tensor
 
-from gtopk.costmodel import log2_ceil
+from gtopk.reducers.costmodel import log2_ceil
 from gtopk.reducers.wire import PointToPoint
 
 

@@ -6,11 +6,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.costmodel import Network, topk_time, topk_traffic
-from gtopk.reducers.base import Clock, ErrorFeedback, ReduceRecord, Reducer, validate_density
+from gtopk.host import Clock
+from gtopk.reducers.base import ErrorFeedback, Reducer, ReduceRecord, validate_density
+from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
+from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.sparse import keep_topk, member_mask
 from gtopk.reducers.wire import SparseCodec
-from gtopk.selection import k_for, topk_indices
-from gtopk.sparse import keep_topk, member_mask
 
 
 class TopKReducer(Reducer):
@@ -21,12 +22,13 @@ class TopKReducer(Reducer):
     ``reselect=False``: the update has up to k*P nonzeros; each worker keeps its
     unselected entries. ``reselect=True`` ("select k from k*P"): only the k largest |value|
     of the sum are applied; each worker puts back its selected values outside that set.
-    Semantics: ``gtopk.reference.topk``. Traffic in the record is nominal
-    (recursive-doubling all-gather, see gtopk.costmodel).
+    Semantics: ``gtopk.reducers.reference.topk``. Traffic in the record is nominal
+    (recursive-doubling all-gather, see gtopk.reducers.costmodel).
     """
 
-    def __init__(self, density: float, reselect: bool = False, group: dist.ProcessGroup | None = None,
-                 align_timing: bool = False):
+    def __init__(
+        self, density: float, reselect: bool = False, group: dist.ProcessGroup | None = None, align_timing: bool = False
+    ):
         self.density = validate_density(density)  # before any communication
         super().__init__(group, align_timing)
         self.reselect = bool(reselect)

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.costmodel import index_bytes
 from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.costmodel import index_bytes
 
 
 class SparseCodec:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.results import HARNESS, SELECTION as RESULTS
+from tests.bench.results import HARNESS
+from tests.bench.results import SELECTION as RESULTS
 
 BENCH_DIR = Path(__file__).parent
 
@@ -35,9 +36,11 @@ def ratio_lines() -> list[str]:
         if ours is None or ref is None:
             continue
         merge = RESULTS.get(("merge", model, threads))
-        lines.append(f"  {model:9s} threads={threads}  abs_max {t_max * 1e3:8.2f} ms   "
-                     f"topk_indices/abs_max {ours / t_max:5.2f}   torch.topk/abs_max {ref / t_max:5.2f}"
-                     + (f"   merge {merge * 1e3:7.2f} ms" if merge is not None else ""))
+        lines.append(
+            f"  {model:9s} threads={threads}  abs_max {t_max * 1e3:8.2f} ms   "
+            f"topk_indices/abs_max {ours / t_max:5.2f}   torch.topk/abs_max {ref / t_max:5.2f}"
+            + (f"   merge {merge * 1e3:7.2f} ms" if merge is not None else "")
+        )
     return lines
 
 
@@ -55,4 +58,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"over {HARNESS['iterations']:.0f} iterations; medians: t_iter {HARNESS['t_iter'] * 1e3:.1f} ms, "
             f"overhead {HARNESS['overhead'] * 1e3:.2f} ms (t_data {HARNESS['t_data'] * 1e3:.2f}, "
             f"t_update {HARNESS['t_update'] * 1e3:.2f}, t_check {HARNESS.get('t_check', float('nan')) * 1e3:.2f}); "
-            f"1-min load average up to {HARNESS['loadavg']:.1f} on {os.cpu_count()} CPUs")
+            f"1-min load average up to {HARNESS['loadavg']:.1f} on {os.cpu_count()} CPUs"
+        )

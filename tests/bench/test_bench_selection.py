@@ -14,10 +14,10 @@ import os
 import pytest
 import torch
 
-from gtopk.selection import topk_indices
-from gtopk.sparse import merge
-from gtopk.selection_bench import DENSITY, SIZES, make_input, make_sparse_pair
+from gtopk.reducers.selection import topk_indices
+from gtopk.reducers.sparse import merge
 from tests.bench.results import SELECTION, median_of
+from tests.bench.selection_bench import DENSITY, SIZES, make_input, make_sparse_pair
 
 CORES = len(os.sched_getaffinity(0))
 THREADS = sorted({CORES, 1}, reverse=True)

@@ -1,0 +1,182 @@
+"""The calibrated alpha-beta model: network profiles, and t_commu / t_iter predictions.
+
+A *network profile* (``NetworkProfile``, JSON) holds alpha (s per message) and beta (s per
+byte) fitted by ``gtopk.perf.netbench`` on some cluster. From it, a reducer's config (its
+``_target_`` class provides ``predict_commu``) and the measured or replayed per-iteration
+times of one job (t_data, t_compute, t_compr, t_update), ``predict_iter`` predicts t_commu
+and t_iter at any P (1 .. 1024 and beyond): only t_commu depends on P in the model; the local
+times are taken as measured. Reducers that overlap communication with backward (DDP)
+are modelled as ``max(t_compute, t_commu)``.
+
+``python -m gtopk.perf.model --network PROFILE RUN_DIR...`` prints prediction against
+measurement for every finished job under the given directories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from gtopk.records.rundir import SUMMARY, write_json_atomic
+from gtopk.reducers.costmodel import Network
+
+LOCAL_TIMES = ("t_data", "t_compute", "t_compr", "t_update")
+
+
+@dataclass
+class NetworkProfile:
+    """alpha (s), beta (s/byte) and where they came from."""
+
+    alpha: float
+    beta: float
+    name: str = "custom"
+    cluster: dict = field(default_factory=dict)
+    samples: list = field(default_factory=list)  # [(bytes, one-way seconds)] behind the fit
+    notes: str = ""
+
+    @property
+    def network(self) -> Network:
+        return Network(alpha=self.alpha, beta=self.beta)
+
+    @property
+    def bits_per_s(self) -> float:
+        return 8.0 / self.beta if self.beta > 0 else math.inf
+
+    @classmethod
+    def paper(cls) -> NetworkProfile:
+        n = Network.paper()
+        return cls(
+            alpha=n.alpha,
+            beta=n.beta,
+            name="paper",
+            notes="the authors' fit on their 32-node 1 Gbit/s Ethernet cluster",
+        )
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: str | Path) -> NetworkProfile:
+        """A profile file, or ``paper`` for the authors' published fit."""
+        if str(path) == "paper":
+            return cls.paper()
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(
+                f"network profile {p} does not exist; make one with "
+                "`python -m gtopk.perf.netbench cluster=...` or pass `paper`"
+            )
+        d = json.loads(p.read_text())
+        return cls(**{k: d[k] for k in ("alpha", "beta", "name", "cluster", "samples", "notes") if k in d})
+
+
+def fit_alpha_beta(
+    sizes: Sequence[float], times: Sequence[float], small: float = 8192, large: float = 1 << 20
+) -> tuple[float, float]:
+    """Fit ``t = alpha + beta * n`` to one-way times of messages of ``sizes`` bytes.
+
+    beta is the least-squares slope over the messages of at least ``large`` bytes (where
+    bandwidth dominates); alpha is the median, over messages of at most ``small`` bytes,
+    of ``t - beta * n`` (what a tiny message costs). Mid-sized messages are left out of
+    both: a token-bucket shaper lets them run ahead of the rate for ``burst`` bytes, which
+    would bend a single line. With fewer than two large sizes or no small one, a plain
+    least-squares line over all points is returned."""
+    if len(sizes) != len(times) or len(set(sizes)) < 2:
+        raise ValueError("fit_alpha_beta needs at least two distinct message sizes")
+    big = [(n, t) for n, t in zip(sizes, times) if n >= large]
+    tiny = [(n, t) for n, t in zip(sizes, times) if n <= small]
+    if len({n for n, _ in big}) < 2 or not tiny:
+        big, tiny = list(zip(sizes, times)), []
+    xs, ys = [n for n, _ in big], [t for _, t in big]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if not tiny:
+        return my - beta * mx, beta
+    return statistics.median(t - beta * n for n, t in tiny), beta
+
+
+def _reducer_class(reducer_cfg: Mapping):
+    return get_class(reducer_cfg["_target_"])
+
+
+def predict_commu(reducer_cfg: Mapping, P: int, m: int, net: Network) -> float:
+    """t_commu of one reduce of an m-entry gradient on P ranks (the config's class decides)."""
+    settings = {k: v for k, v in reducer_cfg.items() if k != "_target_"}
+    return _reducer_class(reducer_cfg).predict_commu(P, m, net, **settings)
+
+
+def predict_iter(
+    reducer_cfg: Mapping, P: int, m: int, net: Network, local: Mapping[str, float], images_per_iter: int
+) -> dict:
+    """Predicted t_commu, t_iter and images/s per worker at P, from local times ``local``
+    (t_data, t_compute, t_compr, t_update of a job; missing ones count as 0)."""
+    t = {k: float(local.get(k, 0.0)) for k in LOCAL_TIMES}
+    t_commu = predict_commu(reducer_cfg, P, m, net)
+    if getattr(_reducer_class(reducer_cfg), "overlaps_backward", False):
+        body = max(t["t_compute"], t_commu)
+    else:
+        body = t["t_compute"] + t_commu
+    t_iter = t["t_data"] + body + t["t_compr"] + t["t_update"]
+    return {"nodes": P, "t_commu": t_commu, "t_iter": t_iter, "images_per_s_per_worker": images_per_iter / t_iter}
+
+
+def finished_jobs(roots: Iterable[str | Path]) -> list[tuple[dict, dict]]:
+    """(summary, resolved config) of every finished job under ``roots``."""
+    jobs = []
+    for root in roots:
+        for s in sorted(Path(root).rglob(SUMMARY)):
+            cfg_path = s.parent / "config.yaml"
+            if cfg_path.exists():
+                jobs.append((json.loads(s.read_text()), OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)))
+    return jobs
+
+
+def compare(summary: Mapping, cfg: Mapping, net: Network) -> dict:
+    """Measured against predicted t_commu and t_iter for one finished job."""
+    P, m = int(summary["nodes"]), int(summary["params"])
+    pred = predict_iter(
+        cfg["reducer"], P, m, net, summary, int(summary["batch_per_worker"]) * int(summary["grad_accum_steps"])
+    )
+    out = {k: summary.get(k) for k in ("reducer", "model", "nodes", "density", "compute", "cluster")}
+    out.update(
+        t_commu_measured=summary["t_commu"],
+        t_commu_predicted=pred["t_commu"],
+        t_iter_measured=summary["t_iter"],
+        t_iter_predicted=pred["t_iter"],
+    )
+    out["commu_ratio"] = (summary["t_commu"] / pred["t_commu"]) if pred["t_commu"] > 0 else None
+    out["iter_ratio"] = summary["t_iter"] / pred["t_iter"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--network", required=True, help="network profile JSON (from gtopk.perf.netbench) or `paper`")
+    ap.add_argument("runs", nargs="+", help="directories holding finished jobs")
+    args = ap.parse_args(argv)
+    net = NetworkProfile.load(args.network).network
+    rows = [compare(s, c, net) for s, c in finished_jobs(args.runs)]
+    if not rows:
+        raise SystemExit(f"no finished jobs (summary.json + config.yaml) under {' '.join(args.runs)}")
+    print(
+        f"{'reducer':8} {'model':9} {'P':>3} {'t_commu meas':>13} {'pred':>9} {'ratio':>6} {'t_iter meas':>12} {'pred':>9}"
+    )
+    for r in sorted(rows, key=lambda r: (r["model"], r["reducer"], r["nodes"])):
+        ratio = f"{r['commu_ratio']:.2f}" if r["commu_ratio"] is not None else "-"
+        print(
+            f"{r['reducer']:8} {r['model']:9} {r['nodes']:>3} {r['t_commu_measured']:>13.4f} "
+            f"{r['t_commu_predicted']:>9.4f} {ratio:>6} {r['t_iter_measured']:>12.4f} {r['t_iter_predicted']:>9.4f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""``python -m gtopk.perf.netbench``: measure a cluster's network and every reducer's collective.
+
+1. Ping-pong (``dist.send``/``dist.recv``) between ranks 0 and 1 over message sizes; the
+   one-way time per size (half the median round trip) is fitted to ``alpha + beta * n``
+   and saved as a network profile (``runs/net/<name>/profile.json``).
+2. Each reducer of ``collectives.reducers`` (dense all-reduce, Top-k all-gather, gTop-k
+   tree and recursive doubling) is run for every P in ``collectives.nodes`` and gradient
+   size in ``collectives.m`` with ``align_timing`` on (every rank starts the collective
+   together after its local selection, and waits after it until all are done); per
+   iteration the slowest rank's t_commu is the collective's time, and the median over
+   iterations is written to ``collectives.csv`` beside the fitted model's prediction.
+
+Runs on any cluster: ``cluster=local`` (loopback), ``cluster=emulated`` (shaped namespaces),
+or a real one under torchrun (ping-pong between global ranks 0 and 1, collectives at the
+world's size only).
+"""
+
+from __future__ import annotations
+
+import csv
+import socket
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
+from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.costmodel import Network, rd_time
+from gtopk.reducers.schedules import Payload, recursive_doubling
+from gtopk.reducers.wire import PointToPoint
+from gtopk.run.job import torchrun_world
+from gtopk.run.spawn import spawn
+
+
+def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[int, float]] | None:
+    """Collective over the group (ranks >= 2 only wait at the barrier). On rank 0:
+    [(bytes, one-way seconds)]."""
+    out = []
+    if rank < 2:
+        for n in sizes:
+            buf = torch.zeros(max(1, n), dtype=torch.uint8)
+            rtts = []
+            for i in range(reps + 2):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if i >= 2:
+                    rtts.append(time.perf_counter() - t0)
+            out.append((n, statistics.median(rtts) / 2))
+    dist.barrier()
+    return out if rank == 0 else None
+
+
+def on_one_host(world: int) -> bool:
+    """Collective: whether every rank runs on this host (one ``time.perf_counter`` clock)."""
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    return len(set(hosts)) == 1
+
+
+def span(starts: torch.Tensor, ends: torch.Tensor, one_clock: bool) -> float:
+    """Time from the last rank's start to the last rank's end (clock readings per rank);
+    without one shared clock, the slowest rank's own time."""
+    return (ends.max() - starts.max() if one_clock else (ends - starts).max()).item()
+
+
+def time_reducer(
+    rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int, one_clock: bool
+) -> dict | None:
+    """Collective. The reducer runs with ``align_timing`` (every rank starts the collective
+    after a barrier and waits at another after it, so no rank's selection or
+    post-processing overlaps it). Medians over iterations, on rank 0, of:
+    t_commu: from the last rank's start to the last rank holding the result, on one shared
+      clock when every rank runs on this host (the barrier's exit skew excluded), else the
+      slowest rank's t_commu;
+    t_commu_slowest: the slowest rank's own t_commu (the barrier's exit skew included);
+    t_commu_min: the fastest rank's (e.g. a tree's root, done before the broadcast reaches
+      the leaves); t_compr and t_merge: the largest over ranks."""
+    reducer = instantiate(reducer_cfg, align_timing=True)
+    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank))
+    rows = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        _, rec = reducer.reduce(grad)
+        mine = torch.tensor([rec.t_commu, rec.t_compr, rec.t_merge, *reducer.commu_span], dtype=torch.float64)
+        everyone = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        t = torch.stack(everyone)
+        if i >= warmup:
+            rows.append(
+                (
+                    span(t[:, 3], t[:, 4], one_clock),
+                    t[:, 0].max().item(),
+                    t[:, 0].min().item(),
+                    t[:, 1].max().item(),
+                    t[:, 2].max().item(),
+                )
+            )
+    if rank:
+        return None
+    med = [statistics.median(r[j] for r in rows) for j in range(5)]
+    return {
+        "t_commu": med[0],
+        "t_commu_slowest": med[1],
+        "t_commu_min": med[2],
+        "t_compr": med[3],
+        "t_merge": med[4],
+        "bytes_sent": rec.bytes_sent,
+        "messages_sent": rec.messages_sent,
+    }
+
+
+def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | None:
+    """Collective. Median time, on rank 0, of a recursive-doubling exchange of 8-byte
+    messages over the whole group (the schedule gTop-k's ``recursive_doubling`` uses),
+    from the last rank's start to the last rank's end on one shared clock when every rank
+    runs on this host (else the slowest rank's own time). Divided by the model's number of
+    rounds it is the latency per message with all P ranks running, ``alpha_at_P``: on a
+    real cluster close to the ping-pong alpha; on an emulated one sharing few CPU cores
+    among P ranks it adds the cost of waking P processes every round."""
+    p2p = PointToPoint(ReduceRecord(), lambda r: r, None)
+    word = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float64), 8)
+    new_buf = lambda n: torch.empty(n, dtype=torch.uint8)  # noqa: E731
+    spans = []
+    for i in range(reps + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        recursive_doubling(p2p, rank, world, torch.ones(1, dtype=torch.float64), torch.add, word, word, new_buf)
+        t = torch.tensor([t0, time.perf_counter()], dtype=torch.float64)
+        everyone = [torch.zeros_like(t) for _ in range(world)]
+        dist.all_gather(everyone, t)
+        e = torch.stack(everyone)
+        if i >= 2:
+            spans.append(span(e[:, 0], e[:, 1], one_clock))
+    return statistics.median(spans) if rank == 0 else None
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of this machine so far (Linux /proc/stat; zeros elsewhere).
+    Busy includes kernel networking (softirq), which is what an emulated link costs."""
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = v[3] + (v[4] if len(v) > 4 else 0.0)
+    return sum(v) - idle, sum(v)
+
+
+def _run_pingpong(rank: int, world: int, cfg: dict):
+    return pingpong(rank, world, list(cfg["pingpong"]["sizes"]), cfg["pingpong"]["reps"])
+
+
+def _run_collectives(rank: int, world: int, cfg: dict):
+    c = cfg["collectives"]
+    out = []
+    one_clock = on_one_host(world)
+    latency = round_latency(rank, world, c["latency_reps"], one_clock) if world > 1 else None
+    for m in c["m"]:
+        for name, rcfg in c["reducers"].items():
+            busy0, total0 = cpu_times()
+            r = time_reducer(rank, world, rcfg, m, c["warmup"], c["iters"], cfg["seed"], one_clock)
+            busy1, total1 = cpu_times()
+            if r:
+                r["cpu_busy"] = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+                r["link_utilisation"] = None
+                if "bandwidth_bits_per_s" in cfg["cluster_info"] and r["t_commu"] > 0:
+                    r["link_utilisation"] = (
+                        8 * r["bytes_sent"] / r["t_commu"] / cfg["cluster_info"]["bandwidth_bits_per_s"]
+                    )
+                out.append(
+                    {"reducer": name, "nodes": world, "m": m, "density": c["density"], "rd_latency": latency, **r}
+                )
+    return out if rank == 0 else None
+
+
+def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
+    """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world)."""
+    if torchrun_world():
+        return fn(dist.get_rank(), dist.get_world_size(), cfg_dict)
+    cluster = instantiate(cfg.cluster)
+    cluster.check(nodes)
+    with cluster.up(nodes) as placement:
+        return spawn(fn, nodes, (cfg_dict,), backend=cfg.backend, timeout=cfg.timeout_s, placement=placement)[0]
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+@hydra.main(config_path="../../conf", config_name="netbench", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict["cluster_info"] = {} if torchrun_world() else instantiate(cfg.cluster).describe()
+    if torchrun_world():
+        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict)
+        if samples is not None:
+            alpha, beta = fit_alpha_beta([n for n, _ in samples], [t for _, t in samples])
+            big, t_big = samples[-1]
+            cluster = instantiate(cfg.cluster).describe()
+            prof = NetworkProfile(
+                alpha=alpha,
+                beta=beta,
+                name=cfg.name,
+                cluster=cluster,
+                samples=samples,
+                notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size",
+            )
+            prof.save(out / "profile.json")
+            _write_csv(
+                out / "pingpong.csv",
+                [{"bytes": n, "one_way_s": t, "fit_s": alpha + beta * n, "bits_per_s": 8 * n / t} for n, t in samples],
+            )
+            print(
+                f"network profile {out / 'profile.json'}: alpha {alpha * 1e3:.4f} ms, beta {beta:.4e} s/byte "
+                f"({prof.bits_per_s / 1e9:.3f} Gbit/s); {big} B one way at {8 * big / t_big / 1e9:.3f} Gbit/s"
+            )
+            if "bandwidth_bits_per_s" in cluster:
+                conf = cluster["bandwidth_bits_per_s"]
+                print(
+                    f"configured {conf / 1e9:.3f} Gbit/s: large messages get {8 * big / t_big / conf:.1%}, "
+                    f"the fitted beta {prof.bits_per_s / conf:.1%} of it"
+                )
+        sizes = [dist.get_world_size()] if torchrun_world() else list(cfg.collectives.nodes)
+        rows = []
+        for P in sizes:
+            for r in _on_cluster(_run_collectives, P, cfg, cfg_dict) or []:
+                rcfg = cfg_dict["collectives"]["reducers"][r["reducer"]]
+                r["t_commu_model"] = predict_commu(rcfg, P, r["m"], prof.network) if samples else None
+                r["alpha_at_P"] = r["t_commu_model_at_P"] = None
+                if samples and r["rd_latency"] is not None:
+                    rounds = rd_time(P, 8, Network(alpha=1.0, beta=0.0))
+                    wire = rd_time(P, 8, Network(alpha=0.0, beta=prof.beta))
+                    at_P = Network(alpha=(r["rd_latency"] - wire) / rounds, beta=prof.beta)
+                    r["alpha_at_P"] = at_P.alpha
+                    r["t_commu_model_at_P"] = predict_commu(rcfg, P, r["m"], at_P)
+                rows.append(r)
+                print(
+                    f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
+                    f"(slowest rank's own {r['t_commu_slowest']:.4f}s) model {r['t_commu_model']:.4f}s "
+                    f"ratio {r['t_commu'] / r['t_commu_model']:.2f}  t_merge {r['t_merge']:.4f}s "
+                    f"t_compr {r['t_compr']:.4f}s cpu busy {r['cpu_busy'] or 0:.0%}"
+                    + (
+                        f" | alpha at P {r['alpha_at_P'] * 1e3:.3f} ms: model {r['t_commu_model_at_P']:.4f}s ratio "
+                        f"{r['t_commu'] / r['t_commu_model_at_P']:.2f}"
+                        if r["alpha_at_P"] is not None
+                        else ""
+                    )
+                    + (f" link {r['link_utilisation']:.0%}" if r["link_utilisation"] is not None else ""),
+                    flush=True,
+                )
+        if rows and samples is not None:
+            _write_csv(out / "collectives.csv", rows)
+            print(f"collectives: {out / 'collectives.csv'}")
+    finally:
+        if torchrun_world():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

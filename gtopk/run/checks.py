@@ -1,0 +1,177 @@
+"""Bad input, caught before any worker starts: each problem is a ``ConfigError`` whose
+one-line message names the setting and the fix (``run.py`` prints it as one line).
+
+* ``unknown_choice``: a config group choice on the command line (``reducer=``, ``model=``,
+  ``data=``, ``cluster=``, ... any folder of ``conf/``) that has no file, with the choices.
+* ``validate``: the top-level settings (nodes, density, mode, batch, timeouts, a fixed
+  ``master_port`` that is free, fault injection, ``nonfinite``).
+* ``reducer_settings``: the reducer's own checks (its constructor, without communication).
+* ``data_fits``: every rank's share of the training set holds at least one step.
+* ``machine_fits``: the workers this job would spawn fit this machine (below).
+
+"More than this machine can serve" (spawned workers only; under torchrun each node is
+its own machine): with NCCL every rank needs a GPU of its own, so ``nodes`` may not exceed
+the GPU count; and ``nodes`` workers must fit in physical memory by a deliberately low
+estimate — ``WORKER_BASE_MB`` of private memory per worker process (Python, torch, gloo:
+about 370 MB measured on CPU) plus ``BYTES_PER_PARAM`` per model parameter when the model
+lives in host memory (fp32 weights, gradient, momentum, flat gradient, update, residual,
+accumulator, scratch). Activations are not counted, so passing the check does not
+promise that the job fits; failing it means it certainly does not. Each worker also
+needs a socket per peer: ``nodes`` + 256 must stay below the open-file limit.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from gtopk.reducers import validate_density
+from gtopk.run.spawn import listen
+from gtopk.train.faults import NONFINITE, FaultSpec
+
+MODES = ("benchmark", "train")
+WORKER_BASE_MB = 350
+BYTES_PER_PARAM = 32
+FDS_PER_WORKER_SPARE = 256
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it and the fix."""
+
+
+def unknown_choice(overrides: list[str], conf_dir: Path) -> str | None:
+    """The problem with the first ``group=choice`` among command-line ``overrides``
+    (sweeps included) whose choice has no ``conf_dir/group/choice.yaml``; None if all exist."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    candidates = [o for o in overrides if "=" in o and not o.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(candidates)
+    except Exception:  # noqa: BLE001 - malformed overrides: Hydra reports those itself
+        return None
+    for o in parsed:
+        group = o.key_or_group
+        if o.is_delete() or group.startswith("hydra") or not (conf_dir / group).is_dir():
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        for value in values:
+            if value not in choices:
+                return (
+                    f"{group}={value} is unknown; choose one of {', '.join(choices)} "
+                    f"(the files in {conf_dir.name}/{group}/)"
+                )
+    return None
+
+
+def _int_at_least(cfg: Any, key: str, low: int, example: str) -> None:
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{key}={value!r} must be an integer >= {low}, e.g. {key}={example}")
+
+
+def validate(cfg: Any) -> None:
+    """The top-level settings; raises ConfigError naming the first bad one."""
+    _int_at_least(cfg, "nodes", 1, "4")
+    try:
+        validate_density(cfg.density)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.mode not in MODES:
+        raise ConfigError(f"mode={cfg.mode!r} is unknown; choose one of {', '.join(MODES)}")
+    _int_at_least(cfg, "batch_size", 1, "16")
+    _int_at_least(cfg, "grad_accum", 1, "1")
+    _int_at_least(cfg, "benchmark.iters", 1, "3")
+    for key in ("timeout_s", "collective_timeout_s"):
+        value = cfg.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{key}={value!r} must be a number of seconds > 0, e.g. {key}=120")
+    port = cfg.get("master_port", 0)
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"master_port={port!r} must be a TCP port (1-65535), or 0 to pick a free one")
+    if port:
+        listen("127.0.0.1", port).close()  # PortInUse (bad input) names master_port; spawn binds it again
+    problems = FaultSpec.from_cfg(cfg.get("fault")).problems()
+    if problems:
+        raise ConfigError(problems[0])
+    if cfg.get("nonfinite", "stop") not in NONFINITE:
+        raise ConfigError(
+            f"nonfinite={cfg.nonfinite!r} is unknown; choose one of {', '.join(NONFINITE)} "
+            "(stop: the job fails; skip: the step is skipped and recorded)"
+        )
+
+
+def reducer_settings(cfg: Any) -> None:
+    """The reducer's constructor checks its settings (density, algorithm, put-back, bucket
+    size) before it asks for a process group; none exists in this process, so valid
+    settings end at that request."""
+    from hydra.errors import InstantiationException
+
+    try:
+        instantiate(cfg.reducer)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, RuntimeError) and "init_process_group" in str(cause):
+            return  # the settings passed; only the process group is missing
+        raise ConfigError(str(cause if isinstance(cause, ValueError) else e).splitlines()[0]) from None
+
+
+def data_fits(cfg: Any, train_size: int | None) -> None:
+    """Every rank's share of the ``train_size`` training samples (DistributedSampler,
+    remainder dropped) holds at least one step of ``batch_size`` x ``grad_accum``."""
+    if train_size is None:
+        return
+    share = train_size // cfg.nodes
+    step = cfg.batch_size * cfg.grad_accum
+    if share < step:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} = {step} samples per step, but "
+            f"{cfg.data_name}'s {train_size} training samples split over nodes={cfg.nodes} leave {share} per "
+            f"worker; use a smaller batch_size or grad_accum, fewer nodes, or more data"
+        )
+
+
+def count_params(cfg: Any) -> int:
+    """Parameters of ``cfg.model.net``, built on the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        net = instantiate(cfg.model.net)
+    return sum(p.numel() for p in net.parameters())
+
+
+def memory_total() -> int | None:
+    """Physical memory of this machine in bytes (None where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine_fits(cfg: Any, backend: str, on_cuda: bool) -> None:
+    """``cfg.nodes`` spawned workers fit this machine (see the module docstring)."""
+    nodes = cfg.nodes
+    fix = "use fewer nodes, or torchrun to spread the workers over several machines"
+    if backend == "nccl" and nodes > torch.cuda.device_count():
+        raise ConfigError(
+            f"nodes={nodes} with backend=nccl needs one GPU per worker, but this machine has "
+            f"{torch.cuda.device_count()}; {fix}, or device=cpu"
+        )
+    per_worker = WORKER_BASE_MB * 2**20 + (0 if on_cuda else BYTES_PER_PARAM * count_params(cfg))
+    total = memory_total()
+    if total and nodes * per_worker > total:
+        raise ConfigError(
+            f"nodes={nodes} workers need at least {nodes * per_worker / 2**30:.1f} GiB ({per_worker / 2**20:.0f} MiB "
+            f"each for {cfg.model_name}), more than this machine's {total / 2**30:.1f} GiB; {fix}"
+        )
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and nodes + FDS_PER_WORKER_SPARE > soft:
+        raise ConfigError(
+            f"nodes={nodes} workers need about {nodes + FDS_PER_WORKER_SPARE} open files each, "
+            f"above this shell's limit of {soft}; raise it (ulimit -n) or {fix}"
+        )

@@ -1,0 +1,72 @@
+"""The cluster interface, and the loopback cluster."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from gtopk.run.cluster import netns
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be set up here; the message names the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each rank of one job runs (picklable: it travels to the spawned workers).
+
+    master_addr / master_port: the rendezvous (rank 0's address as the others see it).
+    namespaces: one network namespace name per rank, or empty for the caller's own.
+    env: variables every worker sets before creating its process group.
+    """
+
+    master_addr: str
+    master_port: int
+    namespaces: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def enter(self, rank: int) -> None:
+        """Move the calling worker into its network namespace and set its environment.
+        Call before any socket is created (i.e. before ``dist.init_process_group``)."""
+        if self.namespaces:
+            netns.enter(self.namespaces[rank])
+        os.environ.update(self.env)
+        os.environ.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
+
+
+class Cluster(ABC):
+    """A place to run P workers on this machine."""
+
+    #: short name for records and plots
+    kind: str = "cluster"
+
+    def check(self, nodes: int) -> None:
+        """Raise ``ClusterError`` (naming the setting and the fix) if ``nodes`` workers
+        cannot run here. Cheap; called before any process starts."""
+        return None
+
+    @abstractmethod
+    @contextmanager
+    def up(self, nodes: int) -> Iterator[Placement]:
+        """Build the network for ``nodes`` workers, yield their placement, tear it down
+        on exit (also on exceptions and Ctrl-C)."""
+
+    def describe(self) -> dict:
+        """What goes into every record: the cluster kind and its settings."""
+        return {"cluster": self.kind}
+
+
+class LocalCluster(Cluster):
+    """All workers on loopback (127.0.0.1), no shaping: this machine's own speed."""
+
+    kind = "local"
+
+    @contextmanager
+    def up(self, nodes: int) -> Iterator[Placement]:
+        # port 0: gtopk.run.spawn.spawn binds the rendezvous port itself (``port=``) before
+        # any worker starts
+        yield Placement(master_addr="127.0.0.1", master_port=0)

@@ -1,0 +1,149 @@
+"""A job's life in its run directory and in a sweep.
+
+* One process at a time per run directory: ``job_lock`` takes an exclusive ``flock`` on
+  ``<run_dir>/.lock`` (released by the kernel when the process dies, so never stale); a
+  second sweep reaching the same job gets ``JobBusy`` and goes on with its next job.
+* ``start_attempt`` appends to ``attempts.jsonl`` and returns the attempt number that the
+  iteration rows carry; it removes a previous attempt's ``failed.json``.
+* ``job_failed``: a failed job gets ``failed.json`` (one-line error, every rank's
+  traceback) and the full error in the job's log (Hydra's ``<run_dir>/<job name>.log``),
+  never a ``summary.json``, so a re-run retries it. Single run: the process exits
+  non-zero. Multirun (basic launcher): the sweep goes on with the next job, and the
+  ``FailedJobs`` callback (``hydra.callbacks`` in ``conf/config.yaml``) lists the failed
+  jobs at the end and exits with status 1. Under other launchers (SLURM) the job itself
+  exits non-zero, and the launcher reports it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+
+from gtopk.records.rundir import read_jsonl, write_json_atomic
+
+log = logging.getLogger("gtopk")
+FAILED = "failed.json"
+ATTEMPTS = "attempts.jsonl"
+LOCK = ".lock"
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+
+
+class JobBusy(RuntimeError):
+    """Another live process is running this job (same run directory)."""
+
+
+@contextmanager
+def job_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the block; ``JobBusy`` if another process holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise JobBusy(
+            f"{run_dir} is being run by another process (pid {holder}); wait for it to finish "
+            "(then re-run: finished jobs are skipped), or pass another name="
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def start_attempt(run_dir: Path) -> int:
+    """Record a new attempt of the job (call while holding its lock); returns its number."""
+    attempt = len(read_jsonl(run_dir / ATTEMPTS)) + 1
+    with open(run_dir / ATTEMPTS, "a") as f:
+        f.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "started": time.time()}) + "\n")
+    (run_dir / FAILED).unlink(missing_ok=True)
+    return attempt
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One job of this sweep that did not finish."""
+
+    run_dir: str
+    error: str  # one line
+    log: str | None
+
+
+_failed: list[Failure] = []  # this process's failed jobs in the current sweep
+_jobs = 0  # jobs started in the current sweep
+
+
+def job_started() -> None:
+    global _jobs
+    _jobs += 1
+
+
+def in_basic_sweep() -> bool:
+    """A multirun whose jobs run one after another in this process."""
+    hc = HydraConfig.get()
+    return hc.mode == RunMode.MULTIRUN and hc.launcher._target_ == BASIC_LAUNCHER
+
+
+def job_log() -> Path | None:
+    """Hydra's log file of the current job (None when Hydra does not configure one)."""
+    try:
+        hc = HydraConfig.get()
+        return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
+    except ValueError:
+        return None
+
+
+def job_failed(
+    run_dir: Path, one_line: str, code: int, record: dict[str, Any] | None = None, full_text: str | None = None
+) -> None:
+    """Report a job that did not finish: ``one_line`` on stderr, ``full_text`` (every
+    rank's traceback) in the job log, ``record`` into ``failed.json`` (None: write nothing,
+    e.g. the run directory is another process's). In a basic-launcher sweep, return (the
+    sweep goes on); otherwise exit with ``code``."""
+    if full_text is not None:
+        log.error("job failed: %s\n%s", one_line, full_text)
+    if record is not None and run_dir.is_dir():
+        write_json_atomic(run_dir / FAILED, {"error": one_line, "time": time.time(), **record})
+    print(f"error: {one_line}", file=sys.stderr, flush=True)
+    if not in_basic_sweep():
+        raise SystemExit(code)
+    path = job_log() if full_text is not None else None
+    _failed.append(Failure(str(run_dir), one_line, str(path) if path else None))
+
+
+class FailedJobs(Callback):
+    """Hydra callback: at the end of a sweep, list the jobs that did not finish and exit 1."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        global _jobs
+        _failed.clear()
+        _jobs = 0
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if not _failed:
+            return
+        lines = [
+            f"{len(_failed)} of {_jobs} job(s) did not finish (re-run the same command to retry "
+            "them; finished jobs are skipped):"
+        ]
+        for f in _failed:
+            lines.append(f"  {f.run_dir}: {f.error}" + (f" [log: {f.log}]" if f.log else ""))
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_FAILED)  # not an Exception: Hydra's callback runner lets it through

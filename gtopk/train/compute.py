@@ -1,0 +1,210 @@
+"""Where t_compute comes from: real forward/backward, or a replay of a profile.
+
+``compute=measured`` (``MeasuredCompute``): every step runs forward and backward on real
+batches. ``compute=replay`` (``ReplayedCompute``): every step fills the gradients with a
+fixed per-rank random vector (the real reducer then aggregates it over the real network)
+and sleeps until ``t_compute`` has passed, so P workers share a few cores without their
+compute contending. A model wrapped for backward hooks (DDP) gets a replayed
+backward pass instead (``gtopk.train.replay_backward``), so that its communication happens and
+overlaps as it would. ``t_compute`` comes from a *compute profile*:
+
+* ``p102``: the paper's single-node throughput (``gtopk.paper``) with this job's images
+  per step: t_compute = batch * accumulation / (images/s of one P102-100);
+* ``local``: measured by the harness at P = 1 on this machine (a short ``compute=measured``
+  benchmark, run once per model, batch and device; cached in ``runs/profiles/local.json``);
+* a path to a JSON file in the format of ``local.json``.
+
+Replay is for throughput benchmarks only (there is no real loss to train on).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gtopk.paper import single_node_throughput
+from gtopk.records.rundir import write_json_atomic
+from gtopk.train.replay_backward import replay_backward
+
+LOCAL_PROFILE = Path("runs/profiles/local.json")
+
+
+class ProfileError(ValueError):
+    """A replay profile cannot give t_compute for this job; the message says why and how."""
+
+
+class Compute(ABC):
+    """How a step's gradient is produced (runs inside each worker; not collective)."""
+
+    kind = "compute"
+    needs_data = True
+
+    def resolve(self, cfg: Any) -> dict:
+        """Called once per job before any worker starts (raise on bad settings); returns
+        settings to write into the job's ``compute`` config (so records hold them)."""
+        return {}
+
+    def prepare(self, worker: Any) -> None:
+        """Called in each worker once its model and parameters exist."""
+        return None
+
+    @abstractmethod
+    def gradient(self, worker: Any, fetch: Callable[[], list]) -> tuple[float, float | None]:
+        """Fill ``worker.params``' ``.grad``; return (t_data seconds, loss or None)."""
+
+    def describe(self) -> dict:
+        return {"compute": self.kind, "compute_profile": None}
+
+
+class MeasuredCompute(Compute):
+    """Real forward and backward over ``grad_accum`` micro-batches."""
+
+    kind = "measured"
+
+    def gradient(self, worker, fetch):
+        t0 = worker.clock()
+        batches = [(x.to(worker.device, non_blocking=True), y.to(worker.device, non_blocking=True)) for x, y in fetch()]
+        t_data = worker.clock() - t0
+        loss_sum = 0.0
+        for x, y in batches:
+            loss = F.cross_entropy(worker.net(x), y) / len(batches)
+            loss.backward()
+            loss_sum += loss.item()
+        return t_data, loss_sum
+
+
+class ReplayedCompute(Compute):
+    """Sleep for the profile's t_compute; the gradient is a fixed random vector per rank."""
+
+    kind = "replay"
+    needs_data = False
+
+    def __init__(self, profile: str = "p102", t_compute: float | None = None, grad_scale: float = 1e-3):
+        self.profile = str(profile)
+        self.t_compute = None if t_compute is None else float(t_compute)
+        self.grad_scale = grad_scale
+        self.bank: torch.Tensor | None = None
+
+    def describe(self) -> dict:
+        return {"compute": self.kind, "compute_profile": self.profile, "t_compute_replayed": self.t_compute}
+
+    def resolve(self, cfg: Any) -> dict:
+        if cfg.mode != "benchmark":
+            raise ProfileError(
+                f"compute=replay with mode={cfg.mode}: replay has no real loss to train on; "
+                "use mode=benchmark, or compute=measured to train"
+            )
+        if self.t_compute is None:
+            self.t_compute = profile_t_compute(self.profile, cfg)
+        if not self.t_compute > 0:
+            raise ProfileError(f"compute.t_compute={self.t_compute!r} must be > 0 seconds")
+        return {"t_compute": self.t_compute}
+
+    def prepare(self, worker) -> None:
+        for p in worker.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        gen = torch.Generator().manual_seed(1_000_003 * (worker.cfg.seed + 1) + worker.rank)
+        self.bank = (torch.randn(worker.m, generator=gen) * self.grad_scale).to(worker.device)
+
+    def gradient(self, worker, fetch):
+        if worker.net is not worker.model:  # a wrapper that hooks into backward (DDP)
+            replay_backward(worker.net, worker.model, worker.params, self.bank, self.t_compute)
+            return 0.0, None
+        start = time.perf_counter()
+        offset = 0
+        for p in worker.params:
+            n = p.numel()
+            p.grad.copy_(self.bank[offset : offset + n].view_as(p))
+            offset += n
+        worker.clock()  # waits for the copies on a GPU
+        time.sleep(max(0.0, self.t_compute - (time.perf_counter() - start)))
+        return 0.0, None
+
+
+def images_per_step(cfg: Any) -> int:
+    return int(cfg.batch_size) * int(cfg.grad_accum)
+
+
+def profile_t_compute(profile: str, cfg: Any) -> float:
+    """t_compute of this job's model and batch from ``profile`` (p102, local or a path)."""
+    model, images = cfg.model_name, images_per_step(cfg)
+    if profile == "p102":
+        table = single_node_throughput()
+        if model not in table:
+            raise ProfileError(
+                f"compute.profile=p102 has no single-node throughput for model={model} "
+                f"(it has {', '.join(sorted(table))}); use compute.profile=local"
+            )
+        return images / table[model]
+    path = LOCAL_PROFILE if profile == "local" else Path(profile)
+    key = profile_key(cfg)
+    entry = _read_profile(path).get(key)
+    if entry is None and profile == "local":
+        entry = measure_local(cfg)
+    if entry is None:
+        raise ProfileError(
+            f"compute.profile={profile}: {path} has no entry {key!r}; "
+            "use compute.profile=local to measure it on this machine"
+        )
+    return images / float(entry["images_per_s"])
+
+
+def profile_key(cfg: Any) -> str:
+    return f"{cfg.model_name}/b{cfg.batch_size}x{cfg.grad_accum}/{cfg.device}"
+
+
+def _read_profile(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"compute profile {path} is not valid JSON ({e}); delete it to re-measure") from None
+
+
+def measure_local(cfg: Any) -> dict:
+    """Run this job's model at P = 1 with real compute (a short benchmark on loopback) and
+    add its throughput to ``runs/profiles/local.json``."""
+    from omegaconf import OmegaConf
+
+    from gtopk.run.spawn import spawn
+    from gtopk.train.loop import run_worker
+
+    key = profile_key(cfg)
+    run_dir = LOCAL_PROFILE.parent / "local" / key.replace("/", "_")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job = OmegaConf.to_container(cfg, resolve=True)
+    job.update(
+        nodes=1,
+        compute={"_target_": f"{__name__}.MeasuredCompute"},
+        logger={**job["logger"], "wandb": False},
+        fault={"kind": None, "rank": 0, "at_iter": 0},
+    )
+    job["reducer"] = {"_target_": "gtopk.reducers.DenseReducer", "bucket_mb": 25.0}
+    job["benchmark"] = {"warmup": 2, "iters": 5}
+    print(f"compute.profile=local: measuring {key} at P = 1 -> {LOCAL_PROFILE}", flush=True)
+    summary = spawn(run_worker, 1, (job, str(run_dir)), timeout=float(cfg.timeout_s))[0]
+    entry = {
+        "images_per_s": images_per_step(cfg) / summary["t_compute"],
+        "t_compute": summary["t_compute"],
+        "images_per_step": images_per_step(cfg),
+        "host": summary["env"]["host"],
+        "cpu": summary["env"]["cpu"],
+        "run_dir": str(run_dir),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    with open(LOCAL_PROFILE.with_suffix(".lock"), "w") as lock:  # concurrent jobs: read-modify-write
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        table = _read_profile(LOCAL_PROFILE)
+        table[key] = entry
+        write_json_atomic(LOCAL_PROFILE, table)
+    return entry

@@ -1,0 +1,286 @@
+"""The one training loop shared by every reducer (runs in each worker process).
+
+Per step: forward + backward (over ``grad_accum`` micro-batches), flatten the gradients
+into one fp32 vector, ``reducer.reduce`` (collective), unflatten the update into ``.grad``,
+SGD step (momentum and weight decay after aggregation). ``mode=benchmark`` times
+``benchmark.warmup + benchmark.iters`` steps; ``mode=train`` runs epochs with evaluation,
+LR and density schedules, and a checkpoint per epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from gtopk.host import Clock, one_thread
+from gtopk.records.reporting import Progress, WandbLogger
+from gtopk.records.rundir import JsonLines, environment, read_jsonl, summarize, write_json_atomic
+from gtopk.reducers.base import ReduceRecord
+from gtopk.run.spawn import heartbeat
+from gtopk.train.data import build_loader
+from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard
+from gtopk.train.recipe import DensitySchedule, LRSchedule
+from gtopk.train.state import Checkpoints, assert_identical, broadcast_and_check
+
+
+def pick_device(cfg: DictConfig, local_rank: int) -> torch.device:
+    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Worker:
+    """State of one rank: model, reducer, optimiser, loaders, clocks and record files."""
+
+    def __init__(self, rank: int, world: int, cfg: DictConfig, run_dir: Path, device: torch.device):
+        self.rank, self.world, self.cfg, self.run_dir, self.device = rank, world, cfg, run_dir, device
+        torch.manual_seed(cfg.seed)
+        self.model = instantiate(cfg.model.net).to(device)
+        broadcast_and_check(self.model)  # same initial weights everywhere (collective)
+        self.reducer = instantiate(cfg.reducer)
+        self.net = self.reducer.wrap(self.model)  # DDP wraps; the others return the model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.m = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(self.m, device=device)
+        # fused: one kernel per step instead of ~4 ops per tensor (harness overhead, issue 6)
+        self.opt = torch.optim.SGD(
+            self.params,
+            lr=cfg.model.lr,
+            momentum=cfg.model.momentum,
+            weight_decay=cfg.model.weight_decay,
+            fused=True if device.type in ("cpu", "cuda") else None,
+        )
+        self.clock = Clock(device)
+        self.compute = instantiate(cfg.compute)  # measured forward/backward, or a replay
+        self.compute.prepare(self)
+        self.train_loader = self.test_loader = self.sampler = None
+        if self.compute.needs_data:
+            train_set, test_set = instantiate(cfg.data).datasets()
+            workers = cfg.train.loader_workers if cfg.mode == "train" else 0
+            self.train_loader, self.sampler = build_loader(
+                train_set, cfg.batch_size, rank, world, True, cfg.seed, workers
+            )
+            self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
+        self.iters = JsonLines(run_dir / f"iters.rank{rank}.jsonl")
+        self.rows: list[dict] = []  # this rank's per-iteration rows, for the summary
+        self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)  # fault.* (tests)
+        self.guard = NonFiniteGuard(cfg.get("nonfinite", "stop"), rank, world)
+
+    # -- one optimisation step ------------------------------------------------------
+    def step(self, fetch, lr: float) -> dict:
+        """One step; ``fetch()`` returns the list of micro-batches (timed as t_data)."""
+        clock, t = self.clock, {}
+        t0 = clock()
+        self.opt.zero_grad(set_to_none=False)
+        t_data, loss_sum = self.compute.gradient(self, fetch)  # forward/backward or its replay
+        t2 = clock()
+        torch.cat([p.grad.reshape(-1) for p in self.params], out=self.flat)
+        self.faults.on_gradient(self.flat)
+        bad = self.guard.check(self.flat)  # collective: the same verdict on every rank
+        t_check = clock() - t2
+        update, rec = (None, ReduceRecord()) if bad else self.reducer.reduce(self.flat)
+        t3 = clock()
+        if not bad:  # a step with a non-finite gradient applies nothing, on every rank
+            self.apply(update, lr)
+        t4 = clock()
+        t.update(
+            t_data=t_data,
+            t_compute=t2 - t0 - t_data,
+            t_compr=rec.t_compr,
+            t_commu=rec.t_commu,
+            t_merge=rec.t_merge,
+            t_update=(t4 - t3) + (t3 - t2 - t_check - rec.t_compr - rec.t_commu),
+            t_iter=t4 - t0,
+            t_check=t_check,
+            nonfinite_ranks=bad,
+            nonfinite=self.guard.action(bad),
+            loss=loss_sum,
+            lr=lr,
+            density=getattr(self.reducer, "density", 1.0),
+        )
+        t.update(
+            bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent, selected=rec.selected
+        )
+        return t
+
+    def apply(self, update: torch.Tensor, lr: float) -> None:
+        """Unflatten ``update`` into the gradients and take the SGD step (on one intra-op
+        thread for models under 2^22 parameters: its ops are too short to gain from more,
+        and on a busy CPU each one could stall for a descheduled thread, up to 0.3 s per
+        step for ResNet-20 on 2 cores)."""
+        with one_thread(self.m < 1 << 22):
+            offset = 0
+            for p in self.params:
+                n = p.numel()
+                p.grad.copy_(update[offset : offset + n].view_as(p))
+                offset += n
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            self.opt.step()
+
+    def groups(self, epoch: int):
+        """This epoch's stream of lists of ``grad_accum`` micro-batches."""
+        self.sampler.set_epoch(epoch)
+        group = []
+        for b in self.train_loader:
+            group.append(b)
+            if len(group) == self.cfg.grad_accum:
+                yield group
+                group = []
+
+    def endless(self):
+        """Epochs chained (benchmark mode); empty batch lists when compute is replayed."""
+        if self.train_loader is None:
+            yield from itertools.repeat([])
+        epoch = 0
+        while True:
+            yield from self.groups(epoch)
+            epoch += 1
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Test loss and top-1 over all ranks' partitions (collective: all_reduce)."""
+        self.net.eval()
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        for x, y in self.test_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            out = self.net(x)
+            sums += torch.tensor(
+                [F.cross_entropy(out, y, reduction="sum").item(), (out.argmax(1) == y).sum().item(), y.numel()],
+                device=self.device,
+                dtype=torch.float64,
+            )
+            heartbeat()
+        self.net.train()
+        dist.all_reduce(sums)
+        return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
+
+
+def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | None:
+    """Entry point of one rank (after the process group exists). Returns the summary on
+    rank 0 and None elsewhere."""
+    cfg = OmegaConf.create(cfg_dict)
+    run_dir = Path(run_dir)
+    device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", rank)))
+    w = Worker(rank, world, cfg, run_dir, device)
+    heartbeat()  # model and data are ready
+    meta = {
+        "reducer": cfg.reducer_name,
+        "model": cfg.model_name,
+        "data": cfg.data_name,
+        "params": w.m,
+        "nodes": world,
+        "density": cfg.density,
+        "mode": cfg.mode,
+        "batch_per_worker": cfg.batch_size,
+        "grad_accum_steps": cfg.grad_accum,
+        "device": str(device),
+        "backend": dist.get_backend(),
+        **w.compute.describe(),
+        **instantiate(cfg.cluster).describe(),
+    }
+    logger = WandbLogger(cfg, run_dir, meta) if rank == 0 else None
+    progress = Progress(enabled=rank == 0, every_s=cfg.logger.progress_every_s)
+    try:
+        if cfg.mode == "train":
+            train(w, cfg, logger, progress)
+        else:
+            benchmark(w, cfg, logger, progress)
+        assert_identical(w.model)  # collective: every reducer must keep the replicas equal
+        rows = gather_rows(w)
+        if rank != 0:
+            return None
+        summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum)
+        summary["weights_identical_across_ranks"] = True
+        summary["env"] = environment(str(device), dist.get_backend())
+        write_json_atomic(run_dir / "summary.json", summary)
+        if logger:
+            logger.summary(summary)
+        return summary
+    finally:
+        w.iters.close()
+        if logger:
+            logger.finish()
+
+
+def gather_rows(w: Worker) -> list[dict]:
+    """Every rank's per-iteration rows, on rank 0 (collective: all_gather_object)."""
+    everyone: list = [None] * w.world
+    dist.all_gather_object(everyone, w.rows)
+    return [row for rows in everyone for row in rows]
+
+
+def _record(w: Worker, row: dict, logger) -> None:
+    """Write the step's row (flushed), then stop the job if ``nonfinite=stop`` says so
+    (every rank raises: the verdict was collective)."""
+    row["attempt"] = w.cfg.get("attempt", 1)
+    w.iters.write(row)
+    w.rows.append(row)
+    heartbeat()
+    if logger and not row.get("warmup"):
+        logger.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+    w.guard.enforce(row)
+
+
+def benchmark(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
+    total = cfg.benchmark.warmup + cfg.benchmark.iters
+    stream = w.endless()
+    for it in range(total):
+        w.faults.before_step(it)
+        row = w.step(stream.__next__, cfg.model.lr)
+        row.update(rank=w.rank, iter=it, warmup=it < cfg.benchmark.warmup)
+        _record(w, row, logger)
+        progress.show(
+            f"iter {it + 1}/{total} t_iter {row['t_iter']:.3f}s "
+            f"{cfg.batch_size * cfg.grad_accum / row['t_iter']:.1f} img/s/worker"
+        )
+
+
+def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
+    lr_at = LRSchedule(cfg.model.lr, w.world, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
+    density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
+    ckpt = Checkpoints(w.run_dir / "checkpoint", w.rank)
+    start = ckpt.load(w)  # next epoch to run (0 when starting fresh)
+    if start:
+        progress.show(f"resuming from the checkpoint of epoch {start - 1}", force=True)
+    per_epoch = len(w.train_loader) // cfg.grad_accum
+    if cfg.train.max_iters_per_epoch:
+        per_epoch = min(per_epoch, cfg.train.max_iters_per_epoch)
+    epochs_log = JsonLines(w.run_dir / "epochs.jsonl") if w.rank == 0 else None
+    recorded = {e.get("epoch") for e in read_jsonl(w.run_dir / "epochs.jsonl")} if epochs_log else set()
+    if epochs_log and ckpt.metrics and ckpt.metrics["epoch"] not in recorded:
+        epochs_log.write(ckpt.metrics)  # saved, but the last run stopped before recording it
+    it_global = start * per_epoch
+    # the checkpointed epochs' rows (latest attempt of each iteration) count in the summary,
+    # so a resumed job summarises all its epochs, even one interrupted after its last epoch
+    done = {r["iter"]: r for r in read_jsonl(w.iters.path) if -1 < r.get("iter", -1) < it_global}
+    w.rows = [done[i] for i in sorted(done)]
+    for epoch in range(start, cfg.train.epochs):
+        if hasattr(w.reducer, "density"):
+            w.reducer.density = density_at(epoch)
+        stream, losses = w.groups(epoch), []
+        for it in range(per_epoch):
+            w.faults.before_step(it_global)
+            row = w.step(stream.__next__, lr_at(epoch, it, per_epoch))
+            row.update(rank=w.rank, iter=it_global, epoch=epoch, warmup=it_global < cfg.benchmark.warmup)
+            _record(w, row, logger)
+            losses.append(row["loss"])
+            it_global += 1
+            progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {row['loss']:.3f}")
+        metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
+        ckpt.save(w, epoch, metrics)  # before the epoch is recorded: a recorded epoch is never re-run
+        if epochs_log:
+            epochs_log.write(metrics)
+            progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)
+        if logger:
+            logger.log(metrics)
+    if epochs_log:
+        epochs_log.close()

@@ -1,0 +1,93 @@
+"""A replayed step that runs through autograd, for reducers that hook into backward (DDP).
+
+``compute=replay`` normally copies a fixed gradient into ``.grad`` and sleeps. A wrapped
+model such as torch ``DistributedDataParallel`` only communicates from its autograd hooks
+during ``backward``, so for it the replay has to be a backward pass: this module builds
+a surrogate loss ``sum_i (p_i * g_i).sum()`` over the parameters (its gradient is exactly
+the replay vector g), runs it through the wrapper's ``forward`` and ``backward``, and
+spreads the replayed ``t_compute`` over that pass:
+
+* the first ``FORWARD_SHARE`` of t_compute is slept before the surrogate forward (no
+  gradient exists during a forward pass, so nothing can overlap it);
+* the rest is the backward pass: every conv/linear weight (parameters with ndim >= 2)
+  becomes ready an equal share later than the previous one, last layer first, as in a
+  real backward; biases and norm parameters ride along with their layer. The p102
+  profile has no per-layer times; equal shares per layer are close for VGG-16 and
+  ResNet-20, whose conv layers do about equal work by design.
+
+The wrapper's hooks see each gradient when its layer's share has passed and start their
+bucketed all-reduce while the later shares are still being slept: the overlap DDP gets
+from a real backward. t_compute then ends when the last bucket has been reduced.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+#: fraction of a step's compute spent in the forward pass (backward ~ 2x forward)
+FORWARD_SHARE = 1.0 / 3.0
+
+
+class _ReadyAt(torch.autograd.Function):
+    """Identity on a scalar whose backward sleeps until ``deadline`` (perf_counter s)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, deadline: float) -> torch.Tensor:
+        ctx.deadline = deadline
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(max(0.0, ctx.deadline - time.perf_counter()))
+        return grad, None
+
+
+def ready_times(
+    params: list[nn.Parameter], start: float, t_compute: float, forward_share: float = FORWARD_SHARE
+) -> list[float]:
+    """When each parameter's gradient is ready (perf_counter seconds), in parameter
+    (forward) order: the backward walks the layers in reverse, one equal share per
+    parameter with ndim >= 2; other parameters share their layer's time."""
+    layer, of = 0, []
+    for p in params:  # a 1-D parameter belongs to the weight before it (bias, norm)
+        layer += p.dim() >= 2
+        of.append(max(layer, 1))
+    layers = max(layer, 1)
+    share = (1.0 - forward_share) * t_compute / layers
+    return [start + forward_share * t_compute + (layers - n + 1) * share for n in of]
+
+
+def replay_backward(
+    net: nn.Module,
+    model: nn.Module,
+    params: list[nn.Parameter],
+    bank: torch.Tensor,
+    t_compute: float,
+    forward_share: float = FORWARD_SHARE,
+) -> None:
+    """One replayed forward/backward through ``net`` (the wrapper of ``model``): every
+    ``p.grad`` receives its slice of ``bank`` (and whatever the wrapper's hooks do to
+    it, e.g. DDP's average over ranks). Takes about ``t_compute`` seconds, plus whatever
+    communication the wrapper does not hide."""
+    start = time.perf_counter()
+    deadlines = ready_times(params, start, t_compute, forward_share)
+    slices, offset = [], 0
+    for p in params:
+        slices.append(bank[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+    def surrogate(*_: Any, **__: Any) -> torch.Tensor:
+        terms = [_ReadyAt.apply((p * g).sum(), d) for p, g, d in zip(params, slices, deadlines)]
+        return torch.stack(terms).sum()
+
+    time.sleep(max(0.0, start + forward_share * t_compute - time.perf_counter()))
+    model.forward = surrogate  # the wrapper calls model(...) from its own forward
+    try:
+        loss = net(torch.zeros(()))
+    finally:
+        del model.forward
+    loss.backward()

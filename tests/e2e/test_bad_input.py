@@ -1,0 +1,145 @@
+"""Bad input: clear errors naming the setting, before any process is spawned where
+possible, and no hang where a rank's input differs from the others'."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from gtopk.reducers import DenseReducer, GTopKReducer, TopKReducer, validate_density
+from gtopk.run.checks import unknown_choice
+from gtopk.run.spawn import PortInUse, WorkerError, listen, spawn
+from tests.datagen import write_cifar10
+from tests.procs import FAST, one_line_error, run
+from tests.workers import bad_gradient, fail_on_rank1
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "abc", None])
+@pytest.mark.parametrize("cls", [TopKReducer, GTopKReducer])
+def test_density_outside_0_1_is_rejected_without_processes(cls, density):
+    with pytest.raises(ValueError, match=r"density=.*\(0, 1\]"):
+        cls(density=density)
+
+
+def test_validate_density_accepts_the_range():
+    assert validate_density(1) == 1.0 and validate_density("0.001") == 0.001
+
+
+@pytest.mark.parametrize("setting,value", [("algorithm", "ring"), ("putback", "none")])
+def test_unknown_gtopk_setting_lists_choices(setting, value):
+    with pytest.raises(ValueError, match=f"reducer.{setting}='{value}'.*choose one of"):
+        GTopKReducer(density=0.01, **{setting: value})
+
+
+def test_reducer_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DenseReducer()
+
+
+@pytest.mark.parametrize("kind", ["dense", "topk", "gtopk"])
+@pytest.mark.parametrize(
+    "mode,error",
+    [("size", "ValueError: gradient sizes differ"), ("dtype", "TypeError: reducer input must be one flat")],
+)
+def test_mismatched_gradients_fail_on_every_rank_without_hanging(kind, mode, error):
+    out = spawn(bad_gradient, 2, (kind, mode), timeout=60)
+    for msg in out:
+        assert msg.startswith(error), msg
+    if mode == "dtype":
+        assert "rank 1: dtype torch.int64" in out[0] and ".float()" in out[0]
+    else:
+        assert "rank 0: 100, rank 1: 101" in out[0]
+
+
+@pytest.mark.parametrize("how,text", [("raise", "injected failure on rank 1"), ("kill", "exited with code -9")])
+def test_a_failing_rank_stops_the_group(how, text):
+    """The others are blocked in a collective; spawn terminates them and reports rank 1."""
+    with pytest.raises(WorkerError) as info:
+        spawn(fail_on_rank1, 3, (how,), timeout=60, grace=2)
+    assert text in info.value.failures[1]
+    assert set(info.value.failures) == {0, 1, 2}  # the others: their own gloo error, or stopped
+    assert not multiprocessing.active_children()
+
+
+# -- run.py: every bad setting is one line on stderr (exit 2), before any worker starts --
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_unknown_group_choice_lists_the_files_of_that_group(group):
+    choices = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    problem = unknown_choice([f"{group}={choices[0]},nope"], CONF)
+    assert problem == f"{group}=nope is unknown; choose one of {', '.join(choices)} (the files in conf/{group}/)"
+    assert unknown_choice([f"{group}={c}" for c in choices] + ["nodes=3", "hydra.run.dir=x"], CONF) is None
+
+
+def _expect_one_line(tmp_path: Path, args: list[str], *fragments: str) -> None:
+    fast = FAST if not any(a.startswith("data=") for a in args) else ["logger.wandb=false"]
+    done = run(*fast, *args, f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = one_line_error(done.stderr)
+    assert line.startswith("error: ") and "Traceback" not in done.stdout + done.stderr
+    for fragment in fragments:
+        assert fragment in line, line
+    assert not list((tmp_path / "run").glob("iters.rank*.jsonl")) and "workers" not in done.stdout
+    assert not done.left
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, topk"]),
+        (["model=nope"], ["model=nope is unknown", "resnet20"]),
+        (["data=nope"], ["data=nope is unknown", "synthetic"]),
+        (["cluster=nope"] if (CONF / "cluster").is_dir() else ["experiment=nope"], ["=nope is unknown; choose one of"]),
+        (["nodes=0"], ["nodes=0 must be an integer >= 1"]),
+        (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
+        (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
+        (["density=1.5"], ["density=1.5 is outside (0, 1]"]),
+        (["reducer.algorithm=ring"], ["reducer.algorithm='ring' is unknown; choose one of tree, recursive_doubling"]),
+        (["reducer=dense", "reducer.bucket_mb=0"], ["reducer.bucket_mb=0 must be > 0"]),
+        (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
+        (["nodes=2", "grad_accum=9"], ["grad_accum=9", "use a smaller batch_size or grad_accum"]),
+        (["fault.kind=boom"], ["fault.kind='boom' is unknown; choose one of raise, kill, hang, nan"]),
+        (["nonfinite=maybe"], ["nonfinite='maybe' is unknown; choose one of stop, skip"]),
+        (["collective_timeout_s=0"], ["collective_timeout_s=0 must be a number of seconds > 0"]),
+        (["master_port=70000"], ["master_port=70000 must be a TCP port"]),
+    ],
+)
+def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
+    _expect_one_line(tmp_path, args, *fragments)
+
+
+def test_missing_and_corrupt_dataset_are_one_line(tmp_path):
+    _expect_one_line(
+        tmp_path,
+        ["data=cifar10", f"data.root={tmp_path / 'none'}"],
+        "CIFAR-10 not found",
+        str(tmp_path / "none" / "cifar-10-batches-py"),
+        "data.download=true",
+    )
+    root = write_cifar10(tmp_path / "data")
+    batch = root / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[:100])  # truncated pickle
+    _expect_one_line(
+        tmp_path, ["data=cifar10", f"data.root={root}", "data.verify=false"], "could not be read", "re-extract"
+    )
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with listen("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        _expect_one_line(
+            tmp_path, ["nodes=2", f"master_port={port}"], f"master_port={port}", "is in use", "master_port=0"
+        )
+
+
+def test_fixed_port_in_use_stops_spawn_before_any_worker():
+    with listen("127.0.0.1", 0) as sock:
+        with pytest.raises(PortInUse, match=f"master_port={sock.getsockname()[1]}"):
+            spawn(fail_on_rank1, 2, ("raise",), port=sock.getsockname()[1])
+    assert not multiprocessing.active_children()

@@ -1,0 +1,88 @@
+"""Cost-model formulas against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gtopk.reducers import costmodel as cm
+from gtopk.reducers.costmodel import Network, Traffic
+
+NET = Network(alpha=1e-3, beta=1e-8)
+A, B = NET.alpha, NET.beta
+
+
+def test_paper_prediction_for_vgg16_at_32_nodes():
+    """The paper's notes: about 15 ms predicted for VGG-16 gTop-k at P = 32."""
+    m = 14_728_266
+    k = int(0.001 * m)
+    t = cm.paper_table1(32, m, k, alpha=0.436e-3, beta_word=4 * 9e-9)["gtopk"]
+    assert t == pytest.approx(2 * 0.436e-3 * 5 + 4 * k * 36e-9 * 5)
+    assert 0.0145 < t < 0.0155
+    # our tree + index put-back with 8-byte entries is the same formula at powers of two
+    assert cm.gtopk_time(32, k, m, Network.paper(), "tree", "index") == pytest.approx(t)
+
+
+def test_paper_table1_dense_and_topk():
+    t = cm.paper_table1(4, 1000, 10, alpha=A, beta_word=4 * B)
+    assert t["dense"] == pytest.approx(6 * A + 1.5 * 1000 * 4 * B)
+    assert t["topk"] == pytest.approx(2 * A + 6 * 10 * 4 * B)
+
+
+def test_dense_ring():
+    sizes = [300, 300, 300, 100]  # chunks at P=4: 75, 75, 75, 25
+    assert cm.dense_traffic(4, sizes) == Traffic(24, 6000, 6000)
+    assert cm.dense_time(4, [1000], NET) == pytest.approx(6 * (A + 250 * 4 * B))
+    assert cm.dense_traffic(1, sizes) == Traffic() and cm.dense_time(1, sizes, NET) == 0
+
+
+def test_topk_allgather():
+    assert cm.topk_traffic(5, 10, 1000) == Traffic(3, 4 * 80, 4 * 80)
+    assert cm.topk_time(8, 10, 1000, NET) == pytest.approx(3 * A + 7 * 80 * B)
+    assert cm.index_bytes(2**31 - 1) == 4 and cm.index_bytes(2**31) == 8
+
+
+def test_tree_children():
+    assert [cm.tree_children(r, 5) for r in range(5)] == [3, 0, 1, 0, 0]
+    assert [cm.tree_children(r, 8) for r in range(8)] == [3, 0, 1, 0, 2, 0, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "rank,P,algorithm,putback,want",
+    [
+        (0, 5, "tree", "index", Traffic(3, 240, 240)),  # receives 3, broadcasts 3
+        (4, 5, "tree", "index", Traffic(1, 80, 80)),
+        (3, 4, "tree", "exact", Traffic(1 + 2, 80 + 2 * 40, 40 + 2 * 40)),  # up, idx down, 2 RD sums
+        (0, 4, "tree", "exact", Traffic(2 + 2, 2 * 40 + 2 * 40, 2 * 80 + 2 * 40)),
+        (1, 6, "recursive_doubling", "index", Traffic(3, 240, 240)),  # 2 exchanges + fold
+        (5, 6, "recursive_doubling", "index", Traffic(1, 80, 80)),
+        (5, 6, "recursive_doubling", "exact", Traffic(2, 80 + 40, 40 + 40)),
+        (3, 6, "recursive_doubling", "exact", Traffic(4, 160 + 80, 160 + 80)),
+    ],
+)
+def test_gtopk_traffic_by_hand(rank, P, algorithm, putback, want):
+    assert cm.gtopk_traffic(rank, P, 10, 1000, algorithm, putback) == want
+
+
+def test_gtopk_time_by_hand():
+    e, i, v = 80 * B, 40 * B, 40 * B  # entries, indices only, values only (k = 10)
+    assert cm.gtopk_time(5, 10, 1000, NET, "tree", "index") == pytest.approx(6 * (A + e))
+    assert cm.gtopk_time(4, 10, 1000, NET, "tree", "exact") == pytest.approx(2 * (A + e) + 2 * (A + i) + 2 * (A + v))
+    assert cm.gtopk_time(6, 10, 1000, NET, "recursive_doubling", "index") == pytest.approx(4 * (A + e))
+    assert cm.gtopk_time(6, 10, 1000, NET, "recursive_doubling", "exact") == pytest.approx(
+        (A + e) + 2 * (A + e) + (A + i) + 4 * (A + v)
+    )
+    assert cm.gtopk_time(1, 10, 1000, NET, "tree", "exact") == 0
+
+
+def test_gtopk_beats_dense_and_topk_at_scale_in_the_model():
+    """Sanity of the model's shape (paper's Table I claim), VGG-16 at rho = 0.001."""
+    m, net = 14_728_266, Network.paper()
+    k = int(0.001 * m)
+    n = math.ceil(m * 4 / 2**20 / 25)
+    sizes = [min(25 * 2**18, m - s) for s in range(0, m, 25 * 2**18)]
+    assert len(sizes) == n
+    for P in (16, 32, 1024):
+        g = cm.gtopk_time(P, k, m, net, "tree", "index")
+        assert g < cm.topk_time(P, k, m, net) < cm.dense_time(P, sizes, net)
