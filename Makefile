@@ -14,7 +14,7 @@ SMOKE ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lint format test test-all bench wandb-sync clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
+.PHONY: help setup lint format test test-all bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -52,9 +52,23 @@ bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON), collecti
 	echo "collectives over P and sizes on cluster=$$cluster -> $$out"; \
 	$(PY) -m gtopk.perf.netbench cluster=$$cluster out=$$out $(NETBENCH_ARGS)
 
-wandb-sync: setup  ## Upload offline wandb runs under runs/ (needs `wandb login`)
-	@runs=$$(find runs -type d -name 'offline-run-*' 2>/dev/null); \
-	if [ -z "$$runs" ]; then echo "no offline wandb runs under runs/"; else $(VENV)/bin/wandb sync $$runs; fi
+wandb-sync: setup  ## Upload the exported offline wandb runs (runs/wandb-export/, or WANDB_DIR) (needs `wandb login`)
+	@dir=$${WANDB_DIR:-runs/wandb-export}/wandb; runs=$$(find $$dir -maxdepth 1 -type d -name 'offline-run-*' 2>/dev/null); \
+	if [ -z "$$runs" ]; then echo "no exported offline wandb runs in $$dir (make wandb-export first)"; else $(VENV)/bin/wandb sync $$runs; fi
+
+# wandb-export / wandb-report: RUNS = folders holding run directories (default runs),
+# PROJECT = wandb project (export default: the jobs' logger.project; report default gtopk),
+# ENTITY = wandb user or team (report), EXPERIMENT = experiment name (report; default the only one).
+RUNS ?= runs
+PROJECT ?=
+ENTITY ?=
+EXPERIMENT ?=
+
+wandb-export: setup  ## Finished jobs + analysis outputs under RUNS (default runs/) -> wandb runs (offline unless logged in)
+	$(PY) -m analysis.wandb_export $(RUNS) $(if $(PROJECT),--project "$(PROJECT)") $(if $(ENTITY),--entity "$(ENTITY)")
+
+wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJECT=... [EXPERIMENT=...]
+	$(PY) -m analysis.wandb_report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
 
 reproduce-fig6: setup  ## Fig. 6 + comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
 	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" $(ARGS)

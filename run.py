@@ -9,6 +9,7 @@ its failed jobs at the end); see gtopk.run.checks and gtopk.run.jobs.
 """
 
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -17,6 +18,12 @@ from omegaconf import DictConfig
 from gtopk.run.checks import unknown_choice
 from gtopk.run.job import run_job
 from gtopk.run.jobs import EXIT_BAD_INPUT
+from gtopk.run.slurm.launcher import register
+
+# hydra/launcher=submitit_slurm: conf/hydra/launcher/submitit_slurm.yaml replaces the plugin's
+# config of that name on purpose, with gtopk.run.slurm.launcher's class (registered here)
+warnings.filterwarnings("ignore", message="(?s).*validated against ConfigStore schema with the same name")
+register()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

@@ -18,7 +18,6 @@ class is what the models dispatch on), ``images_per_iter``, ``run_dir``, ``sourc
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -27,31 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import OmegaConf
 
-from gtopk.records.rundir import SUMMARY, read_jsonl
+from analysis.wandb_export import run_id
+from gtopk.records.rundir import RunDir, finished, read_jsonl, run_dirs
 
-EPOCHS = "epochs.jsonl"
 ENV_KEYS = ("cpu", "host", "git_commit")
 _WANDB_ID = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-([a-z0-9]+)$")
 
 
-def run_dirs(roots: Iterable[str | Path]) -> list[Path]:
-    """Run directories (holding ``config.yaml``, not Hydra's ``.hydra/``) under ``roots``."""
-    found = set()
-    for root in roots:
-        for cfg in Path(root).rglob("config.yaml"):
-            if ".hydra" not in cfg.parts:
-                found.add(cfg.parent)
-    return sorted(found)
-
-
-def _config(run_dir: Path) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
-
-
-def _wandb_id(run_dir: Path) -> str | None:
-    for d in sorted((run_dir / "wandb").glob("*run-*")):
+def _wandb_id(run: RunDir) -> str | None:
+    for d in sorted(run.wandb.glob("*run-*")):
         m = _WANDB_ID.search(d.name)
         if m:
             return m.group(1)
@@ -81,9 +65,8 @@ def load_jobs(
 ) -> pd.DataFrame:
     """One row per finished job under ``roots`` (and, if asked, on wandb)."""
     rows = []
-    for d in run_dirs(roots):
-        if (d / SUMMARY).exists():
-            rows.append(job_row(json.loads((d / SUMMARY).read_text()), _config(d), str(d), "local", _wandb_id(d)))
+    for d in finished(roots):
+        rows.append(job_row(d.read_summary(), d.read_config(), str(d.path), "local", _wandb_id(d)))
     jobs = pd.DataFrame(rows)
     if wandb_path:
         remote, _ = load_wandb(wandb_path, wandb_group)
@@ -98,10 +81,10 @@ def load_epochs(
     training run under ``roots``, with the run's reducer, model, nodes, density, name."""
     rows = []
     for d in run_dirs(roots):
-        epochs = read_jsonl(d / EPOCHS)
+        epochs = read_jsonl(d.epochs)
         if not epochs:
             continue
-        meta = epoch_meta(_config(d), str(d), "local", _wandb_id(d))
+        meta = epoch_meta(d.read_config(), str(d.path), "local", _wandb_id(d))
         rows += [{**meta, **e} for e in epochs]
     out = pd.DataFrame(rows)
     if wandb_path:
@@ -132,7 +115,7 @@ def _merge(local: pd.DataFrame, remote: pd.DataFrame) -> pd.DataFrame:
         return local
     if local.empty:
         return remote
-    known = set(local["wandb_id"].dropna())
+    known = set(local["wandb_id"].dropna()) | {run_id(Path(d)) for d in local["run_dir"]}  # + exported ids
     return pd.concat([local, remote[~remote["wandb_id"].isin(known)]], ignore_index=True)
 
 
@@ -142,6 +125,7 @@ def wandb_rows(runs: Iterable[Any]) -> tuple[list[dict], list[dict]]:
     jobs, epochs = [], []
     for run in runs:
         cfg, summary = dict(run.config), dict(run.summary)
+        cfg = cfg.get("resolved") or cfg  # analysis.wandb_export keeps the job's config there
         where = "wandb:" + "/".join(run.path)
         if "images_per_s_per_worker" in summary and "batch_per_worker" in summary:
             jobs.append(job_row(summary, cfg, where, "wandb", run.id))

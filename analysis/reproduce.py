@@ -13,19 +13,25 @@ after another measures once):
 2. ``gtopk.perf.netbench`` ping-pong on that cluster, with the same cluster settings: the
    calibrated alpha-beta profile, ``<runs>/net/<cluster settings>/profile.json``
    (measured once per cluster setting);
-3. ``gtopk.run.batch`` with ``DEFAULTS`` (experiment=fig6_reproduce: compute replayed from
-   the p102 profile; VGG-16 and ResNet-20; dense, Top-k, gTop-k and DDP; P = 1, 2, 4, 8),
-   any override replacing the default of its key (``model=vgg16,resnet20,alexnet``);
-4. the analysis scripts with that profile (modelled extension to P = 16 and 32).
+3. ``run.py -m experiment=fig6_reproduce`` (compute replayed from the p102 profile; its
+   sweep axes in ``conf/experiment/fig6_reproduce.yaml``: VGG-16 and ResNet-20; dense,
+   Top-k, gTop-k and DDP; P = 1, 2, 4, 8, the jobs of one P in one group of workers), any
+   override replacing the axis of its key (``model=vgg16,resnet20,alexnet``); a failed
+   job fails the target with the list of failed jobs (finished ones are kept, and a re-run
+   retries only the others);
+4. the analysis scripts with that profile (modelled extension to P = 16 and 32);
+5. ``analysis.wandb_export`` of the runs and the analysis folder: one offline wandb run per
+   job and one analysis run (``WANDB_MODE`` wins when set) (``make wandb-sync`` uploads them; ``docs/wandb.md``).
 
 fig5 trains (``run.py -m``) dense, Top-k and gTop-k at rho = 0.001, then gTop-k at rho in
-{0.001, 0.0005, 0.0001}, and plots both. It needs CIFAR-10 under ``data.root``;
+{0.001, 0.0005, 0.0001}, plots both and exports them to wandb. It needs CIFAR-10 under ``data.root``;
 ``--smoke`` generates a small CIFAR-10-format set and trains a few short epochs on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -35,7 +41,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULTS = ["experiment=fig6_reproduce", "model=vgg16,resnet20", "reducer=dense,topk,gtopk,ddp", "nodes=1,2,4,8"]
+DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
 FIG5 = ["experiment=fig5_convergence", "model=resnet20", "reducer=dense,topk,gtopk"]
 DENSITY = ["experiment=density_sensitivity", "model=resnet20", "density=0.001,0.0005,0.0001"]
 SMOKE = ["nodes=2", "train.epochs=4", "train.loader_workers=0", "logger.wandb=false", "data.verify=false"]
@@ -66,6 +72,13 @@ def run(cmd: list[str]) -> None:
         raise SystemExit(f"failed (exit {rc}): {' '.join(cmd[:4])} ...")
 
 
+def export(*roots: Path) -> None:
+    """Every finished job and analysis folder under ``roots`` -> wandb runs, offline unless
+    the user is logged in (``analysis.wandb_export``): after the timed jobs, never in them."""
+    os.environ.setdefault("WANDB_MODE", "offline")  # make wandb-sync uploads them
+    run([sys.executable, "-m", "analysis.wandb_export", *map(str, roots)])
+
+
 def pick_cluster(overrides: list[str]) -> list[str]:
     """Overrides plus ``cluster=local`` when no cluster was chosen and this machine cannot
     build the emulated one."""
@@ -92,15 +105,30 @@ def cluster_args(cluster_name: str, cluster_cfg: dict) -> tuple[list[str], str]:
     return args, "_".join([cluster_name] + [f"{k}-{v}" for k, v in settings.items()])
 
 
+def first_job(overrides: list[str]) -> tuple[Path, str, dict]:
+    """The sweep directory, cluster name and cluster settings of the first job that
+    ``run.py -m *overrides`` runs (each sweep override at its first value)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    first = [
+        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else text
+        for text, o in zip(overrides, parsed)
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        full = compose("config", overrides=first, return_hydra_config=True)
+        HydraConfig.instance().set_config(full)  # for ${hydra:runtime.choices.cluster}
+        return Path(full.hydra.sweep.dir), full.cluster_name, OmegaConf.to_container(full.cluster, resolve=True)
+
+
 def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     """Steps 1-4 of the module docstring for a scaling target."""
-    from gtopk.run.batch import compose_job, expand
-
     t0 = time.monotonic()
     overrides = pick_cluster(merged(DEFAULTS, overrides))
-    first = compose_job(expand(overrides)[0])
-    runs = first.run_dir.parent
-    nb_args, nb_name = cluster_args(first.cfg.cluster_name, dict(first.cfg.cluster))
+    runs, cluster_name, cluster_cfg = first_job(overrides)
+    nb_args, nb_name = cluster_args(cluster_name, cluster_cfg)
     net = runs / "net" / nb_name
     if not (net / "profile.json").exists():
         run(
@@ -110,14 +138,15 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
                 "gtopk.perf.netbench",
                 *nb_args,
                 "collectives.nodes=[]",
-                f"name={first.cfg.cluster_name}",
+                f"name={cluster_name}",
                 f"out={net}",
                 *netbench,
             ]
         )
-    run([sys.executable, "-m", "gtopk.run.batch", *overrides])
+    run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
     for script in SCALING_SCRIPTS[target]:
         run([sys.executable, "-m", f"analysis.{script}", str(runs), "--network", str(net / "profile.json")])
+    export(runs)
     outputs = [f"{s}.csv, {s}.md" if s == "table4" else f"{s}.{{png,pdf,csv}}" for s in SCALING_SCRIPTS[target]]
     print(
         f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: {'; '.join(outputs)}. "
@@ -131,7 +160,7 @@ def fig5(overrides: list[str], smoke: bool) -> None:
     extra = list(overrides)
     if smoke:
         sys.path.insert(0, str(ROOT))
-        from tests.datagen import write_cifar10
+        from gtopk.train.datagen import write_cifar10
 
         data = Path("runs/fig5_smoke/data")
         write_cifar10(data)
@@ -143,6 +172,7 @@ def fig5(overrides: list[str], smoke: bool) -> None:
         roots.append(Path("runs") / name)
     run([sys.executable, "-m", "analysis.fig5", str(roots[0])])
     run([sys.executable, "-m", "analysis.fig5", str(roots[1]), "--stem", "density"])
+    export(*roots)
     print(
         f"\nfig5: outputs in {roots[0] / 'analysis'}/fig5.{{png,pdf,csv}} and "
         f"{roots[1] / 'analysis'}/density.{{png,pdf,csv}}",

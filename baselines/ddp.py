@@ -1,14 +1,23 @@
 """torch DistributedDataParallel as a reducer: the strongest dense baseline.
 
 DDP all-reduces gradients in buckets while backward runs (overlap), so by the time the
-loop calls ``reduce`` the gradient is already averaged: ``reduce`` returns it unchanged
-and its communication time is hidden inside t_compute. Select with ``reducer=ddp``.
+loop calls ``reduce`` the gradient is already averaged: ``reduce`` returns it unchanged.
+Select with ``reducer=ddp``.
+
+Its communication is timed by a DDP communication hook (``TimedAllReduce``): DDP's own
+all-reduce of each bucket (the same collective, a bit-identical averaged gradient) with a
+stamp when the bucket becomes ready and one when its all-reduce completes. The gradient
+computation is over when the last bucket is ready; what backward spends after that is
+communication it could not hide, and the training loop reports it as t_commu (the rest
+of backward stays t_compute). The whole all-reduce window, hidden or not, is recorded as
+``t_commu_backward``.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import warnings
 
+import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -16,6 +25,77 @@ from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import dense_traffic
 from gtopk.reducers.dense import DenseReducer
+from gtopk.train.backward import Backward, BackwardCommu
+
+Stamp = float | torch.cuda.Event
+
+
+class TimedAllReduce(Backward):
+    """DDP communication hook and the backward passes that run it (collective: each
+    bucket's ``all_reduce``, issued by DDP from backward on every rank).
+
+    Stamps: on CPU, ``gtopk.host.Clock`` readings (``time.perf_counter``) taken in the
+    autograd thread when a bucket is ready, in the process group's thread when its
+    all-reduce completes (the future's ``then`` callback), and after ``loss.backward()``
+    returns. On CUDA, timing events recorded at those points on the current streams, so
+    nothing waits for the GPU: the bucket-ready event completes when the kernels that
+    filled the bucket have; the completion event is recorded in the ``then`` callback, on
+    the stream torch synchronises with the NCCL kernels, so it completes when the
+    all-reduce has; the end event follows DDP's copy of the results into ``.grad``.
+    Durations are read from the events in ``take``, after the loop's syncing clock.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.clock = Clock(torch.device("cpu"))  # never waits: CUDA work is stamped with events
+        self._ready: list[Stamp] = []
+        self._done: list[Stamp] = []
+        self._passes: list[tuple[list[Stamp], list[Stamp], Stamp]] = []
+
+    def _stamp(self) -> Stamp:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return self.clock()
+
+    @staticmethod
+    def _seconds(a: Stamp, b: Stamp) -> float:
+        if isinstance(a, torch.cuda.Event):
+            return a.elapsed_time(b) / 1e3
+        return b - a
+
+    def hook(self, group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+        """Called by DDP when ``bucket`` is ready: DDP's own all-reduce, stamped at its
+        start and completion. The bucket is scaled by 1/P and summed, as DDP does without
+        a hook (torch's ``allreduce_hook`` divides by P instead, which differs in the last
+        bit when P is not a power of two), so the averaged gradient is bit-identical."""
+        self._ready.append(self._stamp())
+        buffer = bucket.buffer()
+        buffer.mul_(1.0 / dist.get_world_size(group))
+
+        def completed(fut: torch.futures.Future[list[Tensor]]) -> Tensor:
+            self._done.append(self._stamp())
+            return fut.value()[0]
+
+        return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(completed)
+
+    def run(self, loss: Tensor) -> None:
+        """Collective (DDP's all-reduces). One backward pass; DDP returns from it once every
+        bucket's all-reduce has completed and been copied into ``.grad``."""
+        self._ready, self._done = [], []
+        loss.backward()
+        if self._ready:
+            self._passes.append((self._ready, self._done, self._stamp()))
+        self._ready, self._done = [], []
+
+    def take(self) -> BackwardCommu:
+        out = BackwardCommu()
+        for ready, done, end in self._passes:
+            out.exposed += max(0.0, self._seconds(ready[-1], end))
+            out.total += max(self._seconds(ready[0], d) for d in done) if done else 0.0
+        self._passes = []
+        return out
 
 
 class DDPReducer(DenseReducer):
@@ -24,6 +104,8 @@ class DDPReducer(DenseReducer):
 
     #: the model (gtopk.perf.model) takes max(t_compute, t_commu) instead of their sum
     overlaps_backward = True
+    #: set by ``wrap`` (P > 1): the backward passes that run and time DDP's all-reduces
+    hooked_backward: TimedAllReduce | None = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:
@@ -31,9 +113,12 @@ class DDPReducer(DenseReducer):
         with warnings.catch_warnings():  # broadcast_buffers' deprecation notice; we want no syncing
             warnings.simplefilter("ignore", FutureWarning)
             # BN statistics stay per rank, as in the paper (buffers were broadcast at start)
-            return DistributedDataParallel(
+            ddp = DistributedDataParallel(
                 model, bucket_cap_mb=self.bucket_mb, process_group=self.group, broadcast_buffers=False
             )
+        self.hooked_backward = TimedAllReduce(next(model.parameters()).device)
+        ddp.register_comm_hook(self.group, self.hooked_backward.hook)  # hook(group, bucket)
+        return ddp
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
         rec.selected = grad.numel()

@@ -1,5 +1,6 @@
 """This host's primitives that every layer uses: an honest clock, intra-op thread
-control, and process lifetime. Nothing here is collective."""
+control, process lifetime, and the heartbeat a worker gives its launcher's watchdog.
+Nothing here is collective."""
 
 from __future__ import annotations
 
@@ -50,3 +51,20 @@ def die_with_parent(*_: Any) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
+
+
+_beats: Any = None  # this worker's launcher's heartbeat array (None outside a worker group)
+_rank = 0
+
+
+def watch(beats: Any, rank: int) -> None:
+    """Called once by the launcher (``gtopk.run``) in each worker: ``heartbeat()`` writes
+    the time into ``beats[rank]``, which the parent's watchdog reads."""
+    global _beats, _rank
+    _beats, _rank = beats, rank
+
+
+def heartbeat() -> None:
+    """Tell the launcher's watchdog that this rank made progress (no-op outside a worker)."""
+    if _beats is not None:
+        _beats[_rank] = time.monotonic()

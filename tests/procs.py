@@ -4,6 +4,7 @@ session or a port still holds afterwards (from /proc, no psutil)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,9 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ["batch_size=4", "benchmark.warmup=1", "benchmark.iters=2", "data.train_size=64", "logger.wandb=false"]
 
 
-def start(*args: str) -> subprocess.Popen:
+def start(*args: str, sigint: str = "default") -> subprocess.Popen:
     """``python run.py *args`` in a new session (its id is the process id); stdout and
-    stderr go to files, so that waiting for it never waits for its descendants."""
+    stderr go to files, so that waiting for it never waits for its descendants.
+
+    ``sigint``: how run.py finds SIGINT. ``"default"``, as a terminal's foreground job
+    gets it (Ctrl-C raises KeyboardInterrupt). Set here rather than inherited: when pytest
+    itself runs with SIGINT ignored (a background job of a non-interactive shell,
+    ``make test &`` in a CI script), its children would inherit SIG_IGN, CPython would
+    install no KeyboardInterrupt handler and run.py would, rightly, ignore Ctrl-C.
+    ``"ignore"``: as such a background (or nohup) job."""
+    disposition = {"default": signal.SIG_DFL, "ignore": signal.SIG_IGN}[sigint]
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", HYDRA_FULL_ERROR="0")
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
@@ -30,6 +39,7 @@ def start(*args: str) -> subprocess.Popen:
         stderr=err,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
     )
     proc.outputs = (out, err)  # type: ignore[attr-defined]
     return proc
@@ -43,12 +53,18 @@ class Done:
     stdout: str
     stderr: str
     ended: float  # time.time() when run.py exited
-    left: list[str]  # processes of its session still alive 3 s after it exited
+    left: list[str]  # processes of its session still alive LEFTOVER_S after it exited
+
+
+#: how long the processes of run.py's session get to exit after run.py did: generous (a
+#: loaded 2-core machine), since waiting ends as soon as the session is empty; a worker or
+#: loader process still alive after that is left over (it would live on)
+LEFTOVER_S = 60.0
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> Done:
-    """Wait for ``proc``; then give its session 3 s to empty (a worker or loader process
-    that outlives run.py longer than that is left over)."""
+    """Wait for ``proc`` (at most ``timeout``: a hang guard); then until its session is
+    empty (at most LEFTOVER_S)."""
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -56,7 +72,7 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> Done:
         proc.wait()
         raise AssertionError(f"run.py did not finish within {timeout}s:\n{_read(proc.outputs[1])[-3000:]}") from None
     ended = time.time()
-    left = wait_session_empty(proc.pid, timeout=3)
+    left = wait_session_empty(proc.pid, timeout=LEFTOVER_S)
     out, err = (_read(f) for f in proc.outputs)
     return Done(proc.returncode, out, err, ended, left)
 
@@ -88,7 +104,9 @@ def session_processes(sid: int) -> list[str]:
     return found
 
 
-def wait_session_empty(sid: int, timeout: float = 15) -> list[str]:
+def wait_session_empty(sid: int, timeout: float = LEFTOVER_S) -> list[str]:
+    """Poll until session ``sid`` has no live process (returns []), or ``timeout`` passed
+    (returns what is still there)."""
     deadline = time.monotonic() + timeout
     while (left := session_processes(sid)) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -154,3 +154,13 @@ def sleep_forever(rank: int, P: int, pid_dir: str | None = None) -> None:
         (Path(pid_dir) / f"rank{rank}.pid").write_text(str(os.getpid()))
     while True:
         time.sleep(3600)
+
+
+def pid_and_threads(rank: int, P: int, tag: str = "") -> dict:
+    """This worker's pid, intra-op thread count and the group's size (a collective: every
+    rank's pid reaches every rank)."""
+    import os
+
+    pids: list = [None] * P
+    dist.all_gather_object(pids, os.getpid())
+    return {"rank": rank, "pid": os.getpid(), "threads": torch.get_num_threads(), "pids": pids, "tag": tag}

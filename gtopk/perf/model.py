@@ -23,9 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hydra.utils import get_class
-from omegaconf import OmegaConf
 
-from gtopk.records.rundir import SUMMARY, write_json_atomic
+from gtopk.records.rundir import finished, write_json_atomic
 from gtopk.reducers.costmodel import Network
 
 LOCAL_TIMES = ("t_data", "t_compute", "t_compr", "t_update")
@@ -39,6 +38,7 @@ class NetworkProfile:
     beta: float
     name: str = "custom"
     cluster: dict = field(default_factory=dict)
+    backend: str = ""  # the torch.distributed backend measured (gloo, nccl); "" when not measured
     samples: list = field(default_factory=list)  # [(bytes, one-way seconds)] behind the fit
     notes: str = ""
 
@@ -76,7 +76,7 @@ class NetworkProfile:
                 "`python -m gtopk.perf.netbench cluster=...` or pass `paper`"
             )
         d = json.loads(p.read_text())
-        return cls(**{k: d[k] for k in ("alpha", "beta", "name", "cluster", "samples", "notes") if k in d})
+        return cls(**{k: d[k] for k in ("alpha", "beta", "name", "cluster", "backend", "samples", "notes") if k in d})
 
 
 def fit_alpha_beta(
@@ -131,13 +131,7 @@ def predict_iter(
 
 def finished_jobs(roots: Iterable[str | Path]) -> list[tuple[dict, dict]]:
     """(summary, resolved config) of every finished job under ``roots``."""
-    jobs = []
-    for root in roots:
-        for s in sorted(Path(root).rglob(SUMMARY)):
-            cfg_path = s.parent / "config.yaml"
-            if cfg_path.exists():
-                jobs.append((json.loads(s.read_text()), OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)))
-    return jobs
+    return [(d.read_summary(), d.read_config()) for d in finished(roots)]
 
 
 def compare(summary: Mapping, cfg: Mapping, net: Network) -> dict:

@@ -21,22 +21,37 @@ import csv
 import socket
 import statistics
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import hydra
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import Network, rd_time
 from gtopk.reducers.schedules import Payload, recursive_doubling
 from gtopk.reducers.wire import PointToPoint
-from gtopk.run.job import torchrun_world
-from gtopk.run.spawn import spawn
+from gtopk.run import runner
+from gtopk.run.job import resolve_backend, torchrun_world
+from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.spawn import join_group
+
+
+def device() -> torch.device:
+    """Where this rank's tensors live for the group's backend: its GPU under NCCL (bound by
+    ``join_group``), else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def settle(t: torch.Tensor) -> None:
+    """Wait until the work queued on ``t``'s device is done (NCCL returns before it is)."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
 
 
 def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[int, float]] | None:
@@ -45,7 +60,7 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
     out = []
     if rank < 2:
         for n in sizes:
-            buf = torch.zeros(max(1, n), dtype=torch.uint8)
+            buf = torch.zeros(max(1, n), dtype=torch.uint8, device=device())
             rtts = []
             for i in range(reps + 2):
                 t0 = time.perf_counter()
@@ -55,6 +70,7 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
                 else:
                     dist.recv(buf, 0)
                     dist.send(buf, 0)
+                settle(buf)
                 if i >= 2:
                     rtts.append(time.perf_counter() - t0)
             out.append((n, statistics.median(rtts) / 2))
@@ -88,12 +104,14 @@ def time_reducer(
     t_commu_min: the fastest rank's (e.g. a tree's root, done before the broadcast reaches
       the leaves); t_compr and t_merge: the largest over ranks."""
     reducer = instantiate(reducer_cfg, align_timing=True)
-    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank))
+    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank)).to(device())
     rows = []
     for i in range(warmup + iters):
         dist.barrier()
         _, rec = reducer.reduce(grad)
-        mine = torch.tensor([rec.t_commu, rec.t_compr, rec.t_merge, *reducer.commu_span], dtype=torch.float64)
+        mine = torch.tensor(
+            [rec.t_commu, rec.t_compr, rec.t_merge, *reducer.commu_span], dtype=torch.float64, device=device()
+        )
         everyone = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
         t = torch.stack(everyone)
@@ -131,13 +149,14 @@ def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | 
     among P ranks it adds the cost of waking P processes every round."""
     p2p = PointToPoint(ReduceRecord(), lambda r: r, None)
     word = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float64), 8)
-    new_buf = lambda n: torch.empty(n, dtype=torch.uint8)  # noqa: E731
+    new_buf = lambda n: torch.empty(n, dtype=torch.uint8, device=device())  # noqa: E731
     spans = []
     for i in range(reps + 2):
         dist.barrier()
         t0 = time.perf_counter()
-        recursive_doubling(p2p, rank, world, torch.ones(1, dtype=torch.float64), torch.add, word, word, new_buf)
-        t = torch.tensor([t0, time.perf_counter()], dtype=torch.float64)
+        one = torch.ones(1, dtype=torch.float64, device=device())
+        settle(recursive_doubling(p2p, rank, world, one, torch.add, word, word, new_buf))
+        t = torch.tensor([t0, time.perf_counter()], dtype=torch.float64, device=device())
         everyone = [torch.zeros_like(t) for _ in range(world)]
         dist.all_gather(everyone, t)
         e = torch.stack(everyone)
@@ -186,13 +205,14 @@ def _run_collectives(rank: int, world: int, cfg: dict):
 
 
 def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
-    """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world)."""
+    """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world), in
+    ``gtopk.run.runner``'s group of ``nodes`` workers (kept for the next call at the same
+    P; ``main`` closes it)."""
     if torchrun_world():
         return fn(dist.get_rank(), dist.get_world_size(), cfg_dict)
-    cluster = instantiate(cfg.cluster)
-    cluster.check(nodes)
-    with cluster.up(nodes) as placement:
-        return spawn(fn, nodes, (cfg_dict,), backend=cfg.backend, timeout=cfg.timeout_s, placement=placement)[0]
+    instantiate(cfg.cluster).check(nodes)
+    spec = GroupSpec.of(cfg, nodes, cfg.backend)
+    return run_on_cluster(spec, fn, (cfg_dict,), timeout=cfg.timeout_s, keep=True)[0]
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -206,10 +226,12 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def main(cfg: DictConfig) -> None:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    with open_dict(cfg):
+        cfg.backend = resolve_backend(cfg)  # auto: as the training (nccl on CUDA, gloo on CPU)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["cluster_info"] = {} if torchrun_world() else instantiate(cfg.cluster).describe()
     if torchrun_world():
-        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
+        join_group(cfg.backend, cfg.timeout_s, cfg.timeout_s)  # under NCCL: binds LOCAL_RANK's GPU first
     try:
         samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict)
         if samples is not None:
@@ -221,6 +243,7 @@ def main(cfg: DictConfig) -> None:
                 beta=beta,
                 name=cfg.name,
                 cluster=cluster,
+                backend=cfg.backend,
                 samples=samples,
                 notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size",
             )
@@ -271,6 +294,7 @@ def main(cfg: DictConfig) -> None:
             _write_csv(out / "collectives.csv", rows)
             print(f"collectives: {out / 'collectives.csv'}")
     finally:
+        runner.close()
         if torchrun_world():
             dist.destroy_process_group()
 

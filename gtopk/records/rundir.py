@@ -1,12 +1,21 @@
 """What a job leaves in its run directory, written so that a crash loses nothing written.
 
-* ``config.yaml``: the resolved config; ``env.json``: versions, device, CPU/GPU, git commit.
+``RunDir(path)`` names every file (the one place these names are spelled); ``run_dirs``,
+``finished`` and ``failed`` find jobs under a root.
+
+* ``config.yaml``: the resolved config (its presence makes a folder a run directory).
 * ``iters.rank<r>.jsonl``: one line per iteration and rank (timings, record), appended
   and flushed line by line; ``epochs.jsonl``: per-epoch metrics (rank 0). A crash can
   leave a half-written last line: appending first closes it off with a newline, and
   ``read_jsonl`` skips it (never fatal). Rows carry the job's ``attempt``.
-* ``summary.json``: medians over all ranks' post-warm-up iterations; written atomically
-  (temp file + rename), so its presence means the job finished.
+* ``summary.json``: medians over all ranks' post-warm-up iterations, with ``env``
+  (versions, device, CPU/GPU, git commit); written atomically (temp file + rename), so
+  its presence means the job finished.
+* ``attempts.jsonl`` (one line per attempt), ``failed.json`` (the last attempt's error;
+  never beside a ``summary.json``), ``.lock`` (flock of the process running the job):
+  see ``gtopk.run.jobs``.
+* ``checkpoint/rank<r>.pt``: per-rank training state of the last epoch (``gtopk.train.state``).
+* ``wandb/``: the wandb run's files; ``<job name>.log``: Hydra's log of the job.
 """
 
 from __future__ import annotations
@@ -18,13 +27,126 @@ import socket
 import statistics
 import subprocess
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+CONFIG = "config.yaml"
 SUMMARY = "summary.json"
+EPOCHS = "epochs.jsonl"
+ATTEMPTS = "attempts.jsonl"
+FAILED = "failed.json"
+LOCK = ".lock"
+CHECKPOINTS = "checkpoint"
+WANDB = "wandb"
+ITERS_GLOB = "iters.rank*.jsonl"
 TIMINGS = ("t_data", "t_compute", "t_compr", "t_commu", "t_update", "t_iter")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of one job's run directory (paths only: nothing is created or read)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config(self) -> Path:
+        """The resolved config."""
+        return self.path / CONFIG
+
+    @property
+    def summary(self) -> Path:
+        """Written last, atomically: the job finished."""
+        return self.path / SUMMARY
+
+    @property
+    def epochs(self) -> Path:
+        """Per-epoch metrics (rank 0, training)."""
+        return self.path / EPOCHS
+
+    @property
+    def attempts(self) -> Path:
+        """One line per attempt of the job."""
+        return self.path / ATTEMPTS
+
+    @property
+    def failed(self) -> Path:
+        """The last attempt's error."""
+        return self.path / FAILED
+
+    @property
+    def lock(self) -> Path:
+        """Locked (flock) by the process running the job."""
+        return self.path / LOCK
+
+    @property
+    def checkpoints(self) -> Path:
+        """The folder of per-rank checkpoints."""
+        return self.path / CHECKPOINTS
+
+    @property
+    def wandb(self) -> Path:
+        """The wandb run's folder."""
+        return self.path / WANDB
+
+    def iters(self, rank: int) -> Path:
+        return self.path / f"iters.rank{rank}.jsonl"
+
+    def all_iters(self) -> list[Path]:
+        """Every rank's iteration file, by name."""
+        return sorted(self.path.glob(ITERS_GLOB))
+
+    def checkpoint(self, rank: int) -> Path:
+        return self.checkpoints / f"rank{rank}.pt"
+
+    def job_log(self, job_name: str) -> Path:
+        """Hydra's log of the job (``hydra.job.name``, ``run`` for run.py)."""
+        return self.path / f"{job_name}.log"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.summary.exists()
+
+    @property
+    def has_failed(self) -> bool:
+        """The last attempt failed (and none finished since)."""
+        return self.failed.exists() and not self.is_finished
+
+    def read_summary(self) -> dict:
+        return json.loads(self.summary.read_text())
+
+    def read_config(self) -> dict:
+        """The resolved config as a dict."""
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.load(self.config), resolve=True)
+
+
+def run_dirs(roots: Iterable[str | Path]) -> list[RunDir]:
+    """Run directories (holding ``config.yaml``) under ``roots``, Hydra's ``.hydra/`` and
+    wandb's folders (which hold a ``config.yaml`` of their own) left out."""
+    found = set()
+    for root in roots:
+        for cfg in Path(root).rglob(CONFIG):
+            below = cfg.relative_to(root).parts[:-1]
+            if ".hydra" not in below and WANDB not in below:
+                found.add(cfg.parent)
+    return [RunDir(d) for d in sorted(found)]
+
+
+def finished(roots: Iterable[str | Path]) -> list[RunDir]:
+    """Run directories under ``roots`` whose job finished (``summary.json``)."""
+    return [d for d in run_dirs(roots) if d.is_finished]
+
+
+def failed(roots: Iterable[str | Path]) -> list[RunDir]:
+    """Run directories under ``roots`` whose last attempt failed (``failed.json``)."""
+    return [d for d in run_dirs(roots) if d.has_failed]
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -140,4 +262,6 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int) -> dict:
         by_iter.setdefault(r.get("iter"), []).append(r["t_commu"])
     out["t_commu_last_arrival"] = statistics.median(min(v) for v in by_iter.values())
     out["t_merge"] = statistics.median(r.get("t_merge", 0.0) for r in rows)
+    # DDP: its all-reduce window inside backward (hidden or not; the unhidden part is in t_commu)
+    out["t_commu_backward"] = statistics.median(r.get("t_commu_backward", 0.0) for r in rows)
     return out

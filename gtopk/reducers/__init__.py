@@ -1,8 +1,16 @@
 """The three reducers behind one interface: ``reduce(grad) -> (update, record)``."""
 
-from gtopk.reducers.base import Reducer, ReduceRecord, validate_density
+from gtopk.reducers.base import Reducer, ReduceRecord, SparseReducer, validate_density
 from gtopk.reducers.dense import DenseReducer
 from gtopk.reducers.gtopk import GTopKReducer
 from gtopk.reducers.topk import TopKReducer
 
-__all__ = ["DenseReducer", "GTopKReducer", "ReduceRecord", "Reducer", "TopKReducer", "validate_density"]
+__all__ = [
+    "DenseReducer",
+    "GTopKReducer",
+    "ReduceRecord",
+    "Reducer",
+    "SparseReducer",
+    "TopKReducer",
+    "validate_density",
+]

@@ -1,9 +1,27 @@
-"""The reducer interface shared by dense, Top-k and gTop-k S-SGD.
+"""The reducer interface shared by dense, Top-k and gTop-k S-SGD (and the DDP baseline).
 
-A reducer turns this worker's flat fp32 gradient into the update every worker applies
-(already divided by P), owns its error-feedback residual, and reports what it did in a
-``ReduceRecord``. ``reduce`` is a collective call: every rank of the process group must
-call it, in the same order, with a gradient of the same size.
+Contract (what a newcomer needs):
+
+* **Construction** validates every setting (density, algorithm, put-back, bucket size)
+  first, with a one-line ``ValueError`` naming the setting and the fix, and communicates
+  nothing. Without a process group (``torch.distributed`` not initialised and no
+  ``group``) the reducer is one worker: ``world_size`` 1, rank 0, nothing to send.
+* ``reduce(grad) -> (update, record)`` turns this worker's flat fp32 gradient into the
+  update every worker applies (already divided by P) and a ``ReduceRecord``. It is
+  **collective** when a process group exists: every rank of the group calls it, in the
+  same order, with a gradient of the same size (the first call checks this with an
+  ``all_gather_object``). With one worker it is local, with the semantics of
+  ``gtopk.reducers.reference`` at P=1: dense returns the gradient; Top-k/gTop-k add it to
+  the residual, return the exact top-k entries and keep the rest in the residual.
+* **State**: the error-feedback residual (Top-k, gTop-k), one per rank, is the only state
+  that lives across steps. ``state_dict()`` returns a copy of it (``{}`` for dense and
+  DDP) and ``load_state_dict`` restores it; both are local.
+* **density** (in (0, 1]) may be changed between steps (the density warm-up schedule); the
+  setter validates it and the next ``reduce`` selects ``k = max(1, int(density * m))``.
+  Reducers that send everything (dense, DDP) accept any valid value, ignore it and
+  report 1.0.
+* ``wrap(model)`` gives the module the loop runs forward/backward on (DDP wraps it);
+  ``predict_commu`` is the alpha-beta model of one ``reduce``'s communication.
 """
 
 from __future__ import annotations
@@ -69,7 +87,12 @@ def validate_density(density: float) -> float:
 
 
 class Reducer(ABC):
-    """Base class: input validation, world info, timing; subclasses implement ``_reduce``.
+    """Base class: world info, density, state, input validation, timing; subclasses
+    implement ``_reduce`` (and, when they keep a residual, ``state_dict``/``load_state_dict``).
+
+    ``uses_density``: whether ``density`` changes what is sent (Top-k, gTop-k). When False
+    (dense, DDP) every entry is sent: setting ``density`` validates the value and
+    ignores it, and ``density`` reads 1.0.
 
     ``align_timing`` (a benchmark setting, off in training): ``reduce`` adds a barrier
     (collective) before its communication starts and one after it ends, outside the timed
@@ -82,22 +105,46 @@ class Reducer(ABC):
     rank's end, free of the barrier's exit skew.
     """
 
+    uses_density: bool = False
+    _density: float = 1.0
+
     def __init__(self, group: dist.ProcessGroup | None = None, align_timing: bool = False):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised; call dist.init_process_group first "
-                "(run.py does this), or use gtopk.reducers.reference for a single-process computation"
-            )
         self.group = group
-        self.world_size = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
+        #: a process group exists: ``reduce`` is collective; otherwise one worker
+        self.distributed = group is not None or (dist.is_available() and dist.is_initialized())
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self.rank = dist.get_rank(group) if self.distributed else 0
         self._m: int | None = None
         self.align_timing = bool(align_timing)
         self.commu_span: tuple[float, float] = (0.0, 0.0)
 
+    @property
+    def density(self) -> float:
+        """Fraction of the m entries the next ``reduce`` selects (1.0 when ``uses_density``
+        is False). Settable between steps; a value outside (0, 1] is a ValueError."""
+        return self._density
+
+    @density.setter
+    def density(self, value: float) -> None:
+        d = validate_density(value)
+        if self.uses_density:
+            self._density = d
+
+    def state_dict(self) -> dict[str, Tensor | None]:
+        """Local. A copy of the state this rank carries across steps (``{}``: none)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Tensor | None]) -> None:
+        """Local. Restore what ``state_dict`` returned (on this rank, for this model)."""
+        if state:
+            raise ValueError(
+                f"{type(self).__name__} keeps no state but was given {sorted(state)}; "
+                "load a checkpoint written with the same reducer"
+            )
+
     def _commu_start(self, clock: Clock) -> float:
         """Collective when ``align_timing``. The clock reading that starts t_commu."""
-        if self.align_timing:
+        if self.align_timing and self.distributed:
             dist.barrier(group=self.group)
         t = clock()
         self.commu_span = (t, t)
@@ -108,7 +155,7 @@ class Reducer(ABC):
         rank then holds the aggregated entries)."""
         t = clock()
         self.commu_span = (self.commu_span[0], t)
-        if self.align_timing:
+        if self.align_timing and self.distributed:
             dist.barrier(group=self.group)
         return t
 
@@ -127,7 +174,8 @@ class Reducer(ABC):
         return model
 
     def reduce(self, grad: Tensor) -> tuple[Tensor, ReduceRecord]:
-        """Collective. Aggregate this worker's gradient; return (update, record)."""
+        """Collective (local with one worker and no process group). Aggregate this
+        worker's gradient; return (update, record)."""
         self._validate(grad)
         rec = ReduceRecord()
         return self._reduce(grad, rec, Clock(grad.device)), rec
@@ -136,9 +184,9 @@ class Reducer(ABC):
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor: ...
 
     def _validate(self, grad: Tensor) -> None:
-        """On the first call, a collective check that all ranks pass the same kind of
-        gradient, so every rank raises the same error instead of hanging; later calls
-        check locally against the first."""
+        """On the first call, a collective check (local without a process group) that all
+        ranks pass the same kind of gradient, so every rank raises the same error instead
+        of hanging; later calls check locally against the first."""
         mine = _describe(grad)
         if self._m is not None:
             if mine != ("torch.float32", 1, self._m):
@@ -147,8 +195,10 @@ class Reducer(ABC):
                     "entries of torch.float32 on the first call; the model must not change"
                 )
             return
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine, group=self.group)
+        everyone: list = [mine]
+        if self.distributed:
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, mine, group=self.group)
         bad = {r: d for r, d in enumerate(everyone) if d[0] != "torch.float32" or d[1] != 1}
         if bad:
             raise TypeError(
@@ -186,3 +236,36 @@ class ErrorFeedback:
         else:
             self.residual.add_(grad)
         return self.residual
+
+    def state_dict(self) -> dict[str, Tensor | None]:
+        """A copy of the residual (None before the first step)."""
+        return {"residual": None if self.residual is None else self.residual.detach().clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor | None]) -> None:
+        if set(state) != {"residual"}:
+            raise ValueError(
+                f"an error-feedback state holds 'residual', got {sorted(state)}; "
+                "load a checkpoint written with a Top-k or gTop-k reducer"
+            )
+        residual = state["residual"]
+        self.residual = None if residual is None else residual.detach().clone()
+
+
+class SparseReducer(Reducer):
+    """A reducer that sends a ``density`` fraction of the entries and keeps the rest in
+    an error-feedback residual (``feedback``), its state across steps (Top-k, gTop-k)."""
+
+    uses_density = True
+
+    def __init__(self, density: float, group: dist.ProcessGroup | None = None, align_timing: bool = False):
+        self.density = density  # validated by the setter, before anything else
+        super().__init__(group, align_timing)
+        self.feedback = ErrorFeedback()
+
+    def state_dict(self) -> dict[str, Tensor | None]:
+        """Local. ``{"residual": copy of this rank's residual, or None before the first step}``."""
+        return self.feedback.state_dict()
+
+    def load_state_dict(self, state: dict[str, Tensor | None]) -> None:
+        """Local. Restore this rank's residual (a copy of ``state["residual"]``)."""
+        self.feedback.load_state_dict(state)

@@ -24,10 +24,12 @@ class DenseReducer(Reducer):
     of ``bucket_mb`` MiB (the last one shorter). Collective: ``dist.all_reduce`` per bucket.
 
     Traffic in the record is nominal: a ring all-reduce per bucket (see gtopk.reducers.costmodel).
+    Every entry is sent: ``density`` reads 1.0 (setting it only validates the value), and
+    there is no state (``state_dict()`` is ``{}``). With one worker the update is the gradient.
     """
 
     def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None, align_timing: bool = False):
-        if not bucket_mb > 0:  # settings first: checked without a process group (gtopk.run.checks)
+        if not bucket_mb > 0:  # settings first (gtopk.run.checks builds reducers in the parent)
             raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
         super().__init__(group, align_timing)
         self.bucket_mb = bucket_mb

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.base import ErrorFeedback, Reducer, ReduceRecord, validate_density
+from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
 from gtopk.reducers.schedules import Payload, recursive_doubling, tree_broadcast, tree_reduce
 from gtopk.reducers.selection import k_for, topk_indices
@@ -18,7 +18,7 @@ ALGORITHMS = ("tree", "recursive_doubling")
 PUTBACKS = ("index", "exact")
 
 
-class GTopKReducer(Reducer):
+class GTopKReducer(SparseReducer):
     """Global top-k: local exact top-k with error feedback, then the k-entry sparse
     vectors are merged (sum at shared indices, keep the k largest |value|, ties to the
     smaller index) over ``dist.send``/``dist.recv``/``batch_isend_irecv`` (collective as a
@@ -48,11 +48,9 @@ class GTopKReducer(Reducer):
             raise ValueError(f"reducer.algorithm={algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
         if putback not in PUTBACKS:
             raise ValueError(f"reducer.putback={putback!r} is unknown; choose one of {', '.join(PUTBACKS)}")
-        self.density = validate_density(density)  # before any communication
-        super().__init__(group, align_timing)
+        super().__init__(density, group, align_timing)
         self.algorithm = algorithm
         self.putback = putback
-        self.feedback = ErrorFeedback()
 
     @classmethod
     def predict_commu(

@@ -7,14 +7,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.base import ErrorFeedback, Reducer, ReduceRecord, validate_density
+from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
 from gtopk.reducers.selection import k_for, topk_indices
 from gtopk.reducers.sparse import keep_topk, member_mask
 from gtopk.reducers.wire import SparseCodec
 
 
-class TopKReducer(Reducer):
+class TopKReducer(SparseReducer):
     """Local exact top-k of |residual + grad| with error feedback, then one
     ``dist.all_gather`` (collective) of k packed (int32 index, float32 value) entries per
     rank; the P sets are scatter-added in rank order and divided by P.
@@ -29,10 +29,8 @@ class TopKReducer(Reducer):
     def __init__(
         self, density: float, reselect: bool = False, group: dist.ProcessGroup | None = None, align_timing: bool = False
     ):
-        self.density = validate_density(density)  # before any communication
-        super().__init__(group, align_timing)
+        super().__init__(density, group, align_timing)
         self.reselect = bool(reselect)
-        self.feedback = ErrorFeedback()
 
     @classmethod
     def predict_commu(cls, P: int, m: int, net: Network, density: float = 0.001, **_) -> float:

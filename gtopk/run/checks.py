@@ -4,8 +4,8 @@ one-line message names the setting and the fix (``run.py`` prints it as one line
 * ``unknown_choice``: a config group choice on the command line (``reducer=``, ``model=``,
   ``data=``, ``cluster=``, ... any folder of ``conf/``) that has no file, with the choices.
 * ``validate``: the top-level settings (nodes, density, mode, batch, timeouts, a fixed
-  ``master_port`` that is free, fault injection, ``nonfinite``).
-* ``reducer_settings``: the reducer's own checks (its constructor, without communication).
+  ``master_port`` that is free, ``threads_per_worker``, fault injection, ``nonfinite``).
+* ``reducer_settings``: the reducer's own checks (its constructor, which communicates nothing).
 * ``data_fits``: every rank's share of the training set holds at least one step.
 * ``machine_fits``: the workers this job would spawn fit this machine (below).
 
@@ -93,6 +93,12 @@ def validate(cfg: Any) -> None:
         value = cfg.get(key)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{key}={value!r} must be a number of seconds > 0, e.g. {key}=120")
+    threads = cfg.get("threads_per_worker")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ConfigError(
+            f"threads_per_worker={threads!r} must be an integer >= 1 (intra-op threads of each worker), "
+            "or null for this machine's cores / nodes"
+        )
     port = cfg.get("master_port", 0)
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"master_port={port!r} must be a TCP port (1-65535), or 0 to pick a free one")
@@ -109,17 +115,15 @@ def validate(cfg: Any) -> None:
 
 
 def reducer_settings(cfg: Any) -> None:
-    """The reducer's constructor checks its settings (density, algorithm, put-back, bucket
-    size) before it asks for a process group; none exists in this process, so valid
-    settings end at that request."""
+    """Build the reducer here, in the parent: its constructor checks its settings
+    (density, algorithm, put-back, bucket size) and, with no process group in this
+    process, makes a one-worker reducer that communicates nothing."""
     from hydra.errors import InstantiationException
 
     try:
         instantiate(cfg.reducer)
     except InstantiationException as e:
         cause = e.__cause__
-        if isinstance(cause, RuntimeError) and "init_process_group" in str(cause):
-            return  # the settings passed; only the process group is missing
         raise ConfigError(str(cause if isinstance(cause, ValueError) else e).splitlines()[0]) from None
 
 

@@ -4,7 +4,9 @@ Everything that can be checked without processes is checked here, before any is 
 (``gtopk.run.checks``: a one-line error naming the setting and the fix). A job whose
 ``summary.json`` exists is skipped, so re-running a sweep resumes it; a job runs under its
 run directory's lock, and a failed one is recorded and, in a sweep, passed over
-(``gtopk.run.jobs``).
+(``gtopk.run.jobs``). The workers are a ``gtopk.run.runner`` group: in a sweep (basic
+launcher) the next job of the same P, cluster, backend, threads and device reuses it; a
+failed job, a single run and a job under another launcher close it.
 """
 
 from __future__ import annotations
@@ -22,12 +24,23 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gtopk.records.rundir import SUMMARY
-from gtopk.run import checks
+from gtopk.run import checks, runner
 from gtopk.run.checks import ConfigError
 from gtopk.run.cluster import ClusterError
-from gtopk.run.jobs import EXIT_BAD_INPUT, EXIT_FAILED, JobBusy, job_failed, job_lock, job_started, start_attempt
-from gtopk.run.spawn import PortInUse, WorkerError, join_group, spawn
-from gtopk.train.compute import ProfileError
+from gtopk.run.jobs import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    JobBusy,
+    in_basic_sweep,
+    job_failed,
+    job_lock,
+    job_started,
+    start_attempt,
+)
+from gtopk.run.localprofile import measure_local
+from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.spawn import PortInUse, WorkerError, join_group
+from gtopk.train.compute import MissingLocalProfile, ProfileError
 from gtopk.train.data import DataError
 from gtopk.train.loop import run_worker
 
@@ -82,11 +95,15 @@ def job_position() -> str:
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        task = OmegaConf.load(Path(hc.sweep.dir) / "multirun.yaml").hydra.overrides.task
+        sweep = OmegaConf.load(Path(hc.sweep.dir) / "multirun.yaml").hydra
+        params = OmegaConf.select(sweep, "sweeper.params", default=None) or {}
+        overrides = [f"{k}={v}" for k, v in params.items()] + list(sweep.overrides.task)
+        axes = {}  # key -> number of values; a command-line key replaces the config's
+        for o in OverridesParser.create().parse_overrides(overrides):
+            axes[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
         n = 1
-        for o in OverridesParser.create().parse_overrides(list(task)):
-            if o.is_sweep_override():
-                n *= len(list(o.sweep_string_iterator()))
+        for count in axes.values():
+            n *= count
         return f"job {num + 1} of {n}"
     except Exception:  # noqa: BLE001 - other sweepers: the index alone
         return f"job {num + 1}"
@@ -99,11 +116,15 @@ def run_job(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     job_started()
     try:
-        validate(cfg)
-        if torchrun_world() is not None:  # torchrun supervises; every rank shares run_dir
-            return _run(cfg, run_dir)
-        with job_lock(run_dir):
-            return _run(cfg, run_dir)
+        try:
+            validate(cfg)
+            if torchrun_world() is not None:  # torchrun supervises; every rank shares run_dir
+                return _run(cfg, run_dir)
+            with job_lock(run_dir):
+                return _run(cfg, run_dir)
+        except BaseException:
+            runner.close()  # a failed job leaves no workers behind: the next job starts afresh
+            raise
     except BAD_INPUT as e:
         job_failed(run_dir, str(e), EXIT_BAD_INPUT, {"type": type(e).__name__})
     except JobBusy as e:
@@ -129,17 +150,28 @@ def run_job(cfg: DictConfig) -> float | None:
     return None
 
 
+def resolve_compute(cfg: DictConfig) -> None:
+    """Write what the compute settles before any worker starts (replay's t_compute) into
+    ``cfg.compute``; a local profile without this job's entry is measured first."""
+    try:
+        try:
+            settings = instantiate(cfg.compute).resolve(cfg)
+        except MissingLocalProfile:
+            measure_local(cfg)  # at P = 1, through the same runner
+            settings = instantiate(cfg.compute).resolve(cfg)
+    except ProfileError as e:
+        raise ConfigError(str(e)) from None
+    with open_dict(cfg):
+        cfg.compute.update(settings)
+
+
 def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     """The job itself (under its lock unless torchrun started it)."""
     summary_path = run_dir / SUMMARY
     if summary_path.exists():
         print(f"{job_position()}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
         return json.loads(summary_path.read_text()).get("images_per_s_per_worker")
-    try:
-        with open_dict(cfg):
-            cfg.compute.update(instantiate(cfg.compute).resolve(cfg))  # e.g. replay's t_compute
-    except ProfileError as e:
-        raise ConfigError(str(e)) from None
+    resolve_compute(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     backend = resolve_backend(cfg)
@@ -149,17 +181,14 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
         again = f", attempt {attempt}" if attempt > 1 else ""
         print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend}{again})", flush=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        with instantiate(cfg.cluster).up(cfg.nodes) as placement:  # torn down on any exit
-            summary = spawn(
-                run_worker,
-                cfg.nodes,
-                (cfg_dict, str(run_dir)),
-                backend=backend,
-                timeout=cfg.timeout_s,
-                collective_timeout=cfg.collective_timeout_s,
-                placement=placement,
-                port=cfg.master_port,
-            )[0]
+        summary = run_on_cluster(
+            GroupSpec.of(cfg, cfg.nodes, backend),
+            run_worker,
+            (cfg_dict, str(run_dir)),
+            timeout=cfg.timeout_s,
+            collective_timeout=cfg.collective_timeout_s,
+            keep=in_basic_sweep(),  # the sweep's next job may reuse the group
+        )[0]
     else:
         rank, size = world
         if size != cfg.nodes:

@@ -11,7 +11,8 @@
   non-zero. Multirun (basic launcher): the sweep goes on with the next job, and the
   ``FailedJobs`` callback (``hydra.callbacks`` in ``conf/config.yaml``) lists the failed
   jobs at the end and exits with status 1. Under other launchers (SLURM) the job itself
-  exits non-zero, and the launcher reports it.
+  exits non-zero; ``gtopk.run.slurm.launcher`` hands the failed ones to ``FailedJobs``
+  (``ran_elsewhere``), which lists them the same way.
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from gtopk.records.rundir import read_jsonl, write_json_atomic
+from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, read_jsonl, write_json_atomic
+from gtopk.run import runner
 
 log = logging.getLogger("gtopk")
-FAILED = "failed.json"
-ATTEMPTS = "attempts.jsonl"
-LOCK = ".lock"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -128,8 +127,17 @@ def job_failed(
     _failed.append(Failure(str(run_dir), one_line, str(path) if path else None))
 
 
+def ran_elsewhere(count: int, failures: list[Failure]) -> None:
+    """``count`` jobs of this sweep ran in other processes (a launcher's, e.g. SLURM jobs);
+    ``failures``: those that did not finish, for ``FailedJobs`` to list."""
+    global _jobs
+    _jobs += count
+    _failed.extend(failures)
+
+
 class FailedJobs(Callback):
-    """Hydra callback: at the end of a sweep, list the jobs that did not finish and exit 1."""
+    """Hydra callback: at the end of a sweep, close the sweep's worker group
+    (``gtopk.run.runner``), list the jobs that did not finish and exit 1."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global _jobs
@@ -137,6 +145,7 @@ class FailedJobs(Callback):
         _jobs = 0
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        runner.close()
         if not _failed:
             return
         lines = [

@@ -2,14 +2,17 @@
 
 ``spawn(fn, nprocs, args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` fresh
 processes joined in one process group (gloo on loopback by default), and returns the
-ranks' return values in rank order. Nothing is left behind, whatever happens:
+ranks' return values in rank order: a ``gtopk.run.group.WorkerGroup`` for one task (a
+group runs many). Also the launcher's primitives: ``WorkerError``, ``listen`` (the
+rendezvous port), ``join_group``, the default intra-op thread count. Nothing is left
+behind, whatever happens:
 
 * A worker that raises or dies (SIGKILL, segfault) takes the whole group down: the others
   are stopped after ``grace`` seconds and ``WorkerError`` carries every rank's traceback
   (and the Python stack of each rank that was still running, dumped by faulthandler).
 * A hung rank: once every rank has joined, a collective that waits longer than
   ``collective_timeout`` raises on the waiting ranks; a watchdog stops the group when a
-  rank reports no progress (``heartbeat()``) for ``timeout`` seconds (P = 1, or every
+  rank reports no progress (``gtopk.host.heartbeat()``) for ``timeout`` seconds (P = 1, or every
   rank stuck outside a collective).
 * The rendezvous port is bound by the parent before any worker starts and handed to rank
   0 already bound, so concurrent jobs never race for a port (``PortInUse`` if a fixed one
@@ -21,28 +24,18 @@ ranks' return values in rank order. Nothing is left behind, whatever happens:
 
 from __future__ import annotations
 
-import dataclasses
-import faulthandler
 import os
-import pickle
 import re
-import signal
 import socket
-import tempfile
-import time
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from gtopk.host import die_with_parent
+from gtopk.host import heartbeat as heartbeat  # re-exported: what workers call
 from gtopk.run.cluster.base import Placement
-from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:: |$)")  # "pkg.mod.SomeError: message"
 
@@ -100,16 +93,6 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-_beats: Any = None  # this worker's slot in spawn's heartbeat array (None outside spawn)
-_rank = 0
-
-
-def heartbeat() -> None:
-    """Tell spawn's watchdog that this rank made progress (no-op outside spawn)."""
-    if _beats is not None:
-        _beats[_rank] = time.monotonic()
-
-
 def join_group(backend: str, startup_timeout: float, collective_timeout: float, **init: Any) -> None:
     """Collective: ``init_process_group`` with ``startup_timeout`` (the slowest rank's
     start-up), a barrier (every rank is up), then ``collective_timeout`` for every later
@@ -121,72 +104,6 @@ def join_group(backend: str, startup_timeout: float, collective_timeout: float, 
     dist.init_process_group(backend, timeout=timedelta(seconds=startup_timeout), **init)
     dist.barrier()
     dist.set_timeout(timedelta(seconds=collective_timeout))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Setup:
-    """What every worker needs besides its rank (picklable)."""
-
-    backend: str
-    startup_timeout: float
-    collective_timeout: float
-    beats: Any
-    stack_dir: str
-    parent: int
-
-
-_stack_file: Any = None  # kept open: faulthandler writes this worker's stacks into it
-
-
-def _worker(
-    rank: int,
-    nprocs: int,
-    placement: Placement,
-    store_sock: socket.socket | None,
-    setup: _Setup,
-    fn: Callable,
-    args: tuple,
-    results: Any,
-) -> None:
-    global _beats, _rank, _stack_file
-    die_with_parent()
-    if os.getppid() != setup.parent:  # the parent died before PR_SET_PDEATHSIG took effect
-        os._exit(1)
-    _beats, _rank = setup.beats, rank
-    heartbeat()  # imports done: the watchdog counts from here
-    _stack_file = open(Path(setup.stack_dir) / f"rank{rank}.txt", "w")
-    faulthandler.enable(_stack_file)  # fatal signals (segfault, abort): the stack, then death
-    faulthandler.register(signal.SIGUSR1, _stack_file)  # spawn asks before it stops a live rank
-    try:
-        placement.enter(rank)  # its network namespace, MASTER_ADDR/PORT, socket ifname
-    except BaseException:  # noqa: BLE001
-        results.put((rank, False, traceback.format_exc()))
-        return
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nprocs))
-    torch.set_num_threads(threads_per_worker(nprocs))
-    try:
-        fd = None if store_sock is None else store_sock.detach()  # the store owns it now
-        store = dist.TCPStore(
-            placement.master_addr,
-            placement.master_port,
-            nprocs,
-            rank == 0,
-            timedelta(seconds=setup.startup_timeout),
-            wait_for_workers=False,
-            master_listen_fd=fd,
-        )
-        join_group(
-            setup.backend, setup.startup_timeout, setup.collective_timeout, store=store, rank=rank, world_size=nprocs
-        )
-        heartbeat()
-        try:
-            out = fn(rank, nprocs, *args)
-        finally:
-            dist.destroy_process_group()
-        # plain pickle: tensors are copied, not shared through fds that die with us
-        results.put((rank, True, pickle.dumps(out)))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
-        results.put((rank, False, traceback.format_exc()))
 
 
 def spawn(
@@ -202,7 +119,7 @@ def spawn(
 ) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` processes; return results by rank.
 
-    ``fn`` must be importable (module level); it may call ``heartbeat()`` as it makes
+    ``fn`` must be importable (module level); it may call ``gtopk.host.heartbeat()`` as it makes
     progress. ``timeout``: the watchdog stops the group when a running rank has not
     called ``heartbeat()`` for this long (since its start, for functions that never
     call it), and it bounds the ranks' start-up. ``collective_timeout`` (default
@@ -211,54 +128,9 @@ def spawn(
     ``placement`` (from ``gtopk.run.cluster``) says where each rank runs; default: loopback,
     where ``port`` (0: a free one) is bound here and passed to rank 0 already bound.
     """
-    if nprocs < 1:
-        raise ValueError(f"nodes={nprocs} must be >= 1")
-    placement = placement or Placement(master_addr="127.0.0.1", master_port=port)
-    sock = None
-    if not placement.namespaces:  # this machine's loopback: hold the rendezvous port from now on
-        sock = listen(placement.master_addr, port)
-        placement = dataclasses.replace(placement, master_port=sock.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    beats = ctx.Array("d", [time.monotonic()] * nprocs, lock=False)
-    outputs: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-    with tempfile.TemporaryDirectory(prefix="gtopk-stacks-") as stack_dir, signals_stop():
-        setup = _Setup(backend, timeout, collective_timeout or timeout, beats, stack_dir, os.getpid())
-        # not daemonic: a rank may start DataLoader workers; the finally below and each
-        # rank's PR_SET_PDEATHSIG make sure none outlives this call
-        procs = [
-            ctx.Process(
-                target=_worker,
-                daemon=False,
-                args=(r, nprocs, placement, sock if r == 0 else None, setup, fn, args, results),
-            )
-            for r in range(nprocs)
-        ]
-        try:
-            for p in procs:
-                p.start()
-            if sock is not None:
-                sock.close()  # rank 0 holds its own copy
-            hung = supervise(procs, results, beats, timeout, grace, outputs, failures)
-            running = [
-                r
-                for r, p in enumerate(procs)
-                if p.is_alive() and (r in hung or (r not in failures and r not in outputs))
-            ]
-            stacks = dump_stacks(procs, running, stack_dir) if failures else {}
-        finally:
-            if sock is not None:
-                sock.close()
-            stop(procs)
-        for r, p in enumerate(procs):
-            if r in outputs:
-                continue
-            text = failures.get(
-                r, f"{WorkerError.STOPPED} still running when the group was stopped (another rank failed first)"
-            )
-            stack = stacks.get(r) or (read_stack(stack_dir, r) if (p.exitcode or 0) < 0 else "")
-            failures[r] = text + (f"\nits Python stack then:\n{stack}" if stack else "")
-    if failures:
-        raise WorkerError(failures)
-    return [outputs[r] for r in range(nprocs)]
+    from gtopk.run.group import WorkerGroup  # which builds on this module
+
+    with WorkerGroup(
+        nprocs, backend, timeout, grace, placement, collective_timeout=collective_timeout, port=port
+    ) as group:
+        return group.run(fn, args, timeout=timeout)

@@ -11,7 +11,8 @@ overlaps as it would. ``t_compute`` comes from a *compute profile*:
 * ``p102``: the paper's single-node throughput (``gtopk.paper``) with this job's images
   per step: t_compute = batch * accumulation / (images/s of one P102-100);
 * ``local``: measured by the harness at P = 1 on this machine (a short ``compute=measured``
-  benchmark, run once per model, batch and device; cached in ``runs/profiles/local.json``);
+  benchmark, run once per model, batch and device by ``gtopk.run.localprofile`` before
+  the job starts: ``MissingLocalProfile`` asks for it; cached in ``runs/profiles/local.json``);
 * a path to a JSON file in the format of ``local.json``.
 
 Replay is for throughput benchmarks only (there is no real loss to train on).
@@ -39,6 +40,15 @@ LOCAL_PROFILE = Path("runs/profiles/local.json")
 
 class ProfileError(ValueError):
     """A replay profile cannot give t_compute for this job; the message says why and how."""
+
+
+class MissingLocalProfile(ProfileError):
+    """The local profile has no entry for this job yet: the launcher measures it
+    (``gtopk.run.localprofile``) and resolves again."""
+
+    def __init__(self, message: str, key: str):
+        super().__init__(message)
+        self.key = key
 
 
 class Compute(ABC):
@@ -76,7 +86,7 @@ class MeasuredCompute(Compute):
         loss_sum = 0.0
         for x, y in batches:
             loss = F.cross_entropy(worker.net(x), y) / len(batches)
-            loss.backward()
+            worker.backward.run(loss)  # DDP: also times its all-reduces (gtopk.train.backward)
             loss_sum += loss.item()
         return t_data, loss_sum
 
@@ -117,7 +127,7 @@ class ReplayedCompute(Compute):
 
     def gradient(self, worker, fetch):
         if worker.net is not worker.model:  # a wrapper that hooks into backward (DDP)
-            replay_backward(worker.net, worker.model, worker.params, self.bank, self.t_compute)
+            replay_backward(worker.net, worker.model, worker.params, self.bank, self.t_compute, worker.backward.run)
             return 0.0, None
         start = time.perf_counter()
         offset = 0
@@ -149,7 +159,10 @@ def profile_t_compute(profile: str, cfg: Any) -> float:
     key = profile_key(cfg)
     entry = _read_profile(path).get(key)
     if entry is None and profile == "local":
-        entry = measure_local(cfg)
+        raise MissingLocalProfile(
+            f"compute.profile=local: {path} has no entry {key!r}; run.py measures it at P = 1 before the job starts",
+            key,
+        )
     if entry is None:
         raise ProfileError(
             f"compute.profile={profile}: {path} has no entry {key!r}; "
@@ -171,40 +184,11 @@ def _read_profile(path: Path) -> dict:
         raise ProfileError(f"compute profile {path} is not valid JSON ({e}); delete it to re-measure") from None
 
 
-def measure_local(cfg: Any) -> dict:
-    """Run this job's model at P = 1 with real compute (a short benchmark on loopback) and
-    add its throughput to ``runs/profiles/local.json``."""
-    from omegaconf import OmegaConf
-
-    from gtopk.run.spawn import spawn
-    from gtopk.train.loop import run_worker
-
-    key = profile_key(cfg)
-    run_dir = LOCAL_PROFILE.parent / "local" / key.replace("/", "_")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = OmegaConf.to_container(cfg, resolve=True)
-    job.update(
-        nodes=1,
-        compute={"_target_": f"{__name__}.MeasuredCompute"},
-        logger={**job["logger"], "wandb": False},
-        fault={"kind": None, "rank": 0, "at_iter": 0},
-    )
-    job["reducer"] = {"_target_": "gtopk.reducers.DenseReducer", "bucket_mb": 25.0}
-    job["benchmark"] = {"warmup": 2, "iters": 5}
-    print(f"compute.profile=local: measuring {key} at P = 1 -> {LOCAL_PROFILE}", flush=True)
-    summary = spawn(run_worker, 1, (job, str(run_dir)), timeout=float(cfg.timeout_s))[0]
-    entry = {
-        "images_per_s": images_per_step(cfg) / summary["t_compute"],
-        "t_compute": summary["t_compute"],
-        "images_per_step": images_per_step(cfg),
-        "host": summary["env"]["host"],
-        "cpu": summary["env"]["cpu"],
-        "run_dir": str(run_dir),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    with open(LOCAL_PROFILE.with_suffix(".lock"), "w") as lock:  # concurrent jobs: read-modify-write
+def save_local_entry(key: str, entry: dict) -> None:
+    """Add ``entry`` (a measurement at P = 1, made by ``gtopk.run.localprofile``) to the
+    local profile under ``key`` (read-modify-write under a lock: concurrent jobs)."""
+    with open(LOCAL_PROFILE.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         table = _read_profile(LOCAL_PROFILE)
         table[key] = entry
         write_json_atomic(LOCAL_PROFILE, table)
-    return entry

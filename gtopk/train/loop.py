@@ -9,6 +9,7 @@ LR and density schedules, and a checkpoint per epoch.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 from pathlib import Path
@@ -19,11 +20,11 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gtopk.host import Clock, one_thread
+from gtopk.host import Clock, heartbeat, one_thread
 from gtopk.records.reporting import Progress, WandbLogger
-from gtopk.records.rundir import JsonLines, environment, read_jsonl, summarize, write_json_atomic
+from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
 from gtopk.reducers.base import ReduceRecord
-from gtopk.run.spawn import heartbeat
+from gtopk.train.backward import Backward
 from gtopk.train.data import build_loader
 from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard
 from gtopk.train.recipe import DensitySchedule, LRSchedule
@@ -47,6 +48,8 @@ class Worker:
         broadcast_and_check(self.model)  # same initial weights everywhere (collective)
         self.reducer = instantiate(cfg.reducer)
         self.net = self.reducer.wrap(self.model)  # DDP wraps; the others return the model
+        # how backward runs: DDP's times the all-reduces it runs from its hooks
+        self.backward: Backward = getattr(self.reducer, "hooked_backward", None) or Backward()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.m = sum(p.numel() for p in self.params)
         self.flat = torch.zeros(self.m, device=device)
@@ -69,7 +72,7 @@ class Worker:
                 train_set, cfg.batch_size, rank, world, True, cfg.seed, workers
             )
             self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
-        self.iters = JsonLines(run_dir / f"iters.rank{rank}.jsonl")
+        self.iters = JsonLines(RunDir(run_dir).iters(rank))
         self.rows: list[dict] = []  # this rank's per-iteration rows, for the summary
         self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)  # fault.* (tests)
         self.guard = NonFiniteGuard(cfg.get("nonfinite", "stop"), rank, world)
@@ -91,11 +94,13 @@ class Worker:
         if not bad:  # a step with a non-finite gradient applies nothing, on every rank
             self.apply(update, lr)
         t4 = clock()
+        in_backward = self.backward.take()  # communication inside the backward passes (DDP)
         t.update(
             t_data=t_data,
-            t_compute=t2 - t0 - t_data,
+            t_compute=t2 - t0 - t_data - in_backward.exposed,
             t_compr=rec.t_compr,
-            t_commu=rec.t_commu,
+            t_commu=rec.t_commu + in_backward.exposed,  # + what backward could not hide
+            t_commu_backward=in_backward.total,  # all-reduce window inside backward, hidden or not
             t_merge=rec.t_merge,
             t_update=(t4 - t3) + (t3 - t2 - t_check - rec.t_compr - rec.t_commu),
             t_iter=t4 - t0,
@@ -104,7 +109,7 @@ class Worker:
             nonfinite=self.guard.action(bad),
             loss=loss_sum,
             lr=lr,
-            density=getattr(self.reducer, "density", 1.0),
+            density=self.reducer.density,
         )
         t.update(
             bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent, selected=rec.selected
@@ -200,8 +205,9 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
             return None
         summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum)
         summary["weights_identical_across_ranks"] = True
+        summary["weights_sha256"] = weights_sha256(w.model)
         summary["env"] = environment(str(device), dist.get_backend())
-        write_json_atomic(run_dir / "summary.json", summary)
+        write_json_atomic(RunDir(run_dir).summary, summary)
         if logger:
             logger.summary(summary)
         return summary
@@ -209,6 +215,17 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
         w.iters.close()
         if logger:
             logger.finish()
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 over ``model.state_dict()`` in order (each name, then the tensor's bytes):
+    the final weights' fingerprint, to compare runs (parameters are equal on every rank,
+    buffers such as BatchNorm statistics are this rank's). Local, not collective."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def gather_rows(w: Worker) -> list[dict]:
@@ -222,6 +239,7 @@ def _record(w: Worker, row: dict, logger) -> None:
     """Write the step's row (flushed), then stop the job if ``nonfinite=stop`` says so
     (every rank raises: the verdict was collective)."""
     row["attempt"] = w.cfg.get("attempt", 1)
+    row["pid"] = os.getpid()  # the worker process (one group of workers runs a sweep's jobs of one P)
     w.iters.write(row)
     w.rows.append(row)
     heartbeat()
@@ -247,15 +265,16 @@ def benchmark(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
 def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     lr_at = LRSchedule(cfg.model.lr, w.world, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
     density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
-    ckpt = Checkpoints(w.run_dir / "checkpoint", w.rank)
+    run = RunDir(w.run_dir)
+    ckpt = Checkpoints(run, w.rank)
     start = ckpt.load(w)  # next epoch to run (0 when starting fresh)
     if start:
         progress.show(f"resuming from the checkpoint of epoch {start - 1}", force=True)
     per_epoch = len(w.train_loader) // cfg.grad_accum
     if cfg.train.max_iters_per_epoch:
         per_epoch = min(per_epoch, cfg.train.max_iters_per_epoch)
-    epochs_log = JsonLines(w.run_dir / "epochs.jsonl") if w.rank == 0 else None
-    recorded = {e.get("epoch") for e in read_jsonl(w.run_dir / "epochs.jsonl")} if epochs_log else set()
+    epochs_log = JsonLines(run.epochs) if w.rank == 0 else None
+    recorded = {e.get("epoch") for e in read_jsonl(run.epochs)} if epochs_log else set()
     if epochs_log and ckpt.metrics and ckpt.metrics["epoch"] not in recorded:
         epochs_log.write(ckpt.metrics)  # saved, but the last run stopped before recording it
     it_global = start * per_epoch
@@ -264,8 +283,7 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     done = {r["iter"]: r for r in read_jsonl(w.iters.path) if -1 < r.get("iter", -1) < it_global}
     w.rows = [done[i] for i in sorted(done)]
     for epoch in range(start, cfg.train.epochs):
-        if hasattr(w.reducer, "density"):
-            w.reducer.density = density_at(epoch)
+        w.reducer.density = density_at(epoch)  # dense and DDP ignore it
         stream, losses = w.groups(epoch), []
         for it in range(per_epoch):
             w.faults.before_step(it_global)

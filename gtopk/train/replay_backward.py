@@ -17,12 +17,15 @@ spreads the replayed ``t_compute`` over that pass:
 
 The wrapper's hooks see each gradient when its layer's share has passed and start their
 bucketed all-reduce while the later shares are still being slept: the overlap DDP gets
-from a real backward. t_compute then ends when the last bucket has been reduced.
+from a real backward. The last gradient is ready ``t_compute`` after the start; what the
+pass takes beyond that is the communication it could not hide (timed by the worker's
+``gtopk.train.backward.Backward``, which the training loop reports as t_commu).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,12 +70,14 @@ def replay_backward(
     params: list[nn.Parameter],
     bank: torch.Tensor,
     t_compute: float,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     forward_share: float = FORWARD_SHARE,
 ) -> None:
     """One replayed forward/backward through ``net`` (the wrapper of ``model``): every
     ``p.grad`` receives its slice of ``bank`` (and whatever the wrapper's hooks do to
     it, e.g. DDP's average over ranks). Takes about ``t_compute`` seconds, plus whatever
-    communication the wrapper does not hide."""
+    communication the wrapper does not hide. ``backward(loss)`` runs the backward pass
+    (the worker's ``gtopk.train.backward.Backward.run``, which times DDP's all-reduces)."""
     start = time.perf_counter()
     deadlines = ready_times(params, start, t_compute, forward_share)
     slices, offset = [], 0
@@ -90,4 +95,4 @@ def replay_backward(
         loss = net(torch.zeros(()))
     finally:
         del model.forward
-    loss.backward()
+    backward(loss)

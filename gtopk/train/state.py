@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from gtopk.records.rundir import RunDir
 
 
 def broadcast_and_check(model: nn.Module) -> None:
@@ -40,37 +41,35 @@ def assert_identical(model: nn.Module) -> None:
 
 
 class Checkpoints:
-    """One file per rank and epoch: model, optimiser, the reducer's residual (which is
-    per rank) and the epoch's metrics. Saved atomically; ``load`` returns the next epoch to
+    """One file per rank (``RunDir.checkpoint(rank)``), rewritten each epoch: model,
+    optimiser, the reducer's ``state_dict()`` (its error-feedback residual, which is per
+    rank) and the epoch's metrics. Saved atomically; ``load`` returns the next epoch to
     run and leaves the restored epoch's metrics in ``metrics`` (so that a crash between
-    saving an epoch and recording it loses no record)."""
+    saving an epoch and recording it loses no record). Files of the older format (the
+    residual under ``"residual"``) load too."""
 
-    def __init__(self, folder: Path, rank: int):
-        self.folder, self.rank = folder, rank
+    def __init__(self, run: RunDir, rank: int):
+        self.path, self.rank = run.checkpoint(rank), rank
         self.metrics: dict | None = None
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def _path(self) -> Path:
-        return self.folder / f"rank{self.rank}.pt"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def save(self, w, epoch: int, metrics: dict | None = None) -> None:
         """Collective (a barrier after every rank saved)."""
-        feedback = getattr(w.reducer, "feedback", None)
         state = {
             "epoch": epoch,
             "model": w.model.state_dict(),
             "opt": w.opt.state_dict(),
-            "residual": None if feedback is None else feedback.residual,
+            "reducer": w.reducer.state_dict(),
             "metrics": metrics,
         }
-        tmp = self._path().with_suffix(".tmp")
+        tmp = self.path.with_suffix(".tmp")
         torch.save(state, tmp)
-        os.replace(tmp, self._path())
+        os.replace(tmp, self.path)
         dist.barrier()  # every rank has its epoch saved before anyone moves on
 
     def load(self, w) -> int:
         """Collective. Resume from the last epoch all ranks saved; 0 if none."""
-        state = torch.load(self._path(), map_location=w.device) if self._path().exists() else None
+        state = torch.load(self.path, map_location=w.device) if self.path.exists() else None
         epoch = torch.tensor([state["epoch"] if state else -1], device=w.device)
         lowest = epoch.clone()
         dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
@@ -82,13 +81,19 @@ class Checkpoints:
         if state["epoch"] != epoch:
             raise RuntimeError(
                 f"rank {self.rank} holds a checkpoint of epoch {state['epoch']}, "
-                f"others of epoch {epoch}; delete {self.folder} to start over"
+                f"others of epoch {epoch}; delete {self.path.parent} to start over"
             )
         w.model.load_state_dict(state["model"])
         w.opt.load_state_dict(state["opt"])
-        feedback = getattr(w.reducer, "feedback", None)
-        if feedback is not None:
-            feedback.residual = state["residual"]
+        w.reducer.load_state_dict(_reducer_state(state))
         self.metrics = state.get("metrics")
         assert_identical(w.model)
         return epoch + 1
+
+
+def _reducer_state(state: dict) -> dict:
+    """The reducer's state of a checkpoint; older files kept the residual (or None, for
+    reducers without one) under ``"residual"``."""
+    if "reducer" in state:
+        return state["reducer"]
+    return {} if state.get("residual") is None else {"residual": state["residual"]}

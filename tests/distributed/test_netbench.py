@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ def test_netbench_writes_profile_and_collectives(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "profile.json").exists() and (out / "pingpong.csv").exists()
+    assert json.loads((out / "profile.json").read_text())["backend"] == "gloo"  # backend=auto on a CPU, as training
     rows = pd.read_csv(out / "collectives.csv").set_index("reducer")
     assert set(rows.index) == {"dense", "topk", "gtopk_tree", "gtopk_rd"}
     assert (rows["nodes"] == 3).all() and (rows["m"] == 20000).all()

@@ -1,5 +1,6 @@
-"""The harness: configs compose, models have the paper's sizes, data loads from real
-formats, and run.py jobs leave complete records (end to end, in subprocesses)."""
+"""run.py jobs as a user runs them (subprocesses): a benchmark sweep, training on the
+CIFAR-10 format, a SIGKILLed training resumed, a torchrun world. Each leaves complete
+records. (Config composition and data formats: tests/unit.)"""
 
 from __future__ import annotations
 
@@ -9,93 +10,23 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from gtopk.records.rundir import read_jsonl
-from gtopk.train.data import Cifar10, DataError, ImageNet
-from tests.config import compose_config, options
-from tests.datagen import write_cifar10, write_imagefolder
-
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
+from gtopk.train.datagen import write_cifar10
+from tests.procs import ROOT, finish, run, start
 
 
-def composed(overrides: list[str]) -> dict:
-    """The resolved job config with the launcher node (as a plain dict)."""
-    cfg = compose_config(overrides, hydra=True)
-    job = OmegaConf.to_container(cfg)
-    job["hydra"] = {"launcher": job["hydra"]["launcher"]}
-    return job
-
-
-@pytest.mark.parametrize("experiment", options("experiment"))
-def test_every_experiment_composes(experiment):
-    cfg = composed([f"experiment={experiment}"])
-    assert cfg["name"] == ("default" if experiment == "quick" else experiment)
-    if experiment != "quick":  # the paper's per-worker batch, not the quick demo's
-        assert cfg["batch_size"] == cfg["model"]["batch_size"][cfg["mode"]]
-
-
-@pytest.mark.parametrize("group", ["reducer", "model", "data"])
-def test_every_group_option_composes(group):
-    for opt in options(group):
-        cfg = composed([f"{group}={opt}", "mode=train"])
-        assert cfg[f"{group}_name"] == opt
-        assert "_target_" in cfg[group] or "_target_" in cfg[group].get("net", {})
-
-
-def test_submitit_slurm_launcher_composes():
-    cfg = composed(["hydra/launcher=submitit_slurm"])
-    assert cfg["hydra"]["launcher"]["_target_"].endswith("SlurmLauncher")
-
-
-@pytest.mark.parametrize(
-    "model,count", [("vgg16", 14_728_266), ("resnet20", 269_722), ("alexnet", 61_100_840), ("resnet50", 25_557_032)]
-)
-def test_parameter_counts(model, count):
-    cfg = compose_config([f"model={model}"])
-    net = instantiate(cfg.model.net)
-    assert sum(p.numel() for p in net.parameters()) == count
-
-
-def test_cifar10_and_imagefolder_load_from_real_formats(tmp_path):
-    train, test = Cifar10(str(write_cifar10(tmp_path / "c")), verify=False).datasets()
-    assert len(train) == 5 * 64 and len(test) == 64
-    x, y = train[0]
-    assert x.shape == (3, 32, 32) and 0 <= y < 10
-    train, val = ImageNet(str(write_imagefolder(tmp_path / "i"))).datasets()
-    assert len(train) == 12 and val[0][0].shape == (3, 224, 224)
-
-
-def test_missing_or_corrupt_data_names_the_path(tmp_path):
-    with pytest.raises(DataError, match=str(tmp_path / "cifar-10-batches-py")):
-        Cifar10(str(tmp_path)).check()
-    with pytest.raises(DataError, match="ImageNet not found"):
-        ImageNet(str(tmp_path)).check()
-    write_cifar10(tmp_path)
-    with pytest.raises(DataError, match="could not be read"):  # MD5 of generated files
-        Cifar10(str(tmp_path), verify=True).datasets()
-
-
-def run_py(*args: str, timeout: int = 600, **popen) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
-    return subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **popen,
-    )
-
-
+@pytest.mark.slow
 def test_benchmark_sweep_end_to_end_and_rerun_skips(tmp_path):
+    """Every reducer (dense, Top-k, gTop-k, DDP) at P = 1 and 3, and every summary field.
+    Slow (8 jobs); in ``make test``: tests/e2e/test_failures.py::test_concurrent_sweeps_do_not_collide
+    (benchmark sweeps of dense and gTop-k at P = 2, every rank's rows),
+    test_a_sweep_goes_on_lists_its_unfinished_jobs_and_a_rerun_retries_them (a re-run skips
+    finished jobs), tests/distributed/test_ddp_timing.py (a DDP job), test_a_nan_gradient_is_detected_on_every_rank
+    (summary: iterations, weights identical across ranks)."""
     args = [
         "-m",
         f"hydra.sweep.dir={tmp_path}",
@@ -108,7 +39,7 @@ def test_benchmark_sweep_end_to_end_and_rerun_skips(tmp_path):
         "logger.wandb=false",
         "density=0.01",
     ]
-    out = run_py(*args)
+    out = run(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = sorted(p.parent for p in tmp_path.glob("*/summary.json"))
     assert len(jobs) == 8
@@ -126,13 +57,14 @@ def test_benchmark_sweep_end_to_end_and_rerun_skips(tmp_path):
         for r in range(P):
             rows = read_jsonl(job / f"iters.rank{r}.jsonl")
             assert [row["iter"] for row in rows] == [0, 1, 2] and rows[0]["warmup"]
-    again = run_py(*args)
+    again = run(*args)
     assert again.returncode == 0 and again.stdout.count("skipping") == 8
+    assert not out.left and not again.left, out.left + again.left
 
 
 def test_train_on_cifar_format_lowers_the_loss(tmp_path):
     data = write_cifar10(tmp_path / "data", per_batch=128)
-    out = run_py(
+    out = run(
         "mode=train",
         "nodes=2",
         "reducer=gtopk",
@@ -158,8 +90,15 @@ def test_train_on_cifar_format_lowers_the_loss(tmp_path):
     assert rows[0]["density"] == 0.004  # density warm-up in epoch 0
 
 
+@pytest.mark.slow
 def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
-    data = write_cifar10(tmp_path / "data", per_batch=64)
+    """SIGKILL (no clean-up at all) after epoch 0's checkpoint; the same command resumes.
+    Rank 1 hangs at its first iteration of epoch 1 (fault.*, not part of the job's
+    identity), so the job is surely still running when it is killed. Slow; in ``make test``:
+    tests/e2e/test_failures.py::test_ctrl_c_stops_every_worker_and_a_rerun_resumes (resume
+    from the checkpoints after an interruption, and after a crash between saving an epoch
+    and recording it)."""
+    data = write_cifar10(tmp_path / "data", per_batch=64)  # 10 iterations per epoch
     args = [
         "mode=train",
         "nodes=2",
@@ -168,36 +107,29 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
         "data=cifar10",
         f"data.root={data}",
         "data.verify=false",
-        "train.epochs=4",
+        "train.epochs=2",
         "train.loader_workers=0",
         "model.batch_size.train=16",
         "logger.wandb=false",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    env = dict(os.environ, WANDB_MODE="offline")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start(*args, "fault.kind=hang", "fault.rank=1", "fault.at_iter=10")
     ckpt = tmp_path / "run" / "checkpoint"
     deadline = time.monotonic() + 300
     while not ((ckpt / "rank0.pt").exists() and (ckpt / "rank1.pt").exists()):
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (tmp_path / "run" / "summary.json").exists(), "finished before it could be interrupted"
+    killed = finish(proc)
+    assert killed.returncode == -signal.SIGKILL and not killed.left, killed.left
+    assert not (tmp_path / "run" / "summary.json").exists()
     done_before = [e["epoch"] for e in read_jsonl(tmp_path / "run" / "epochs.jsonl")]
-    out = run_py(*args)
+    out = run(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     epochs = [e["epoch"] for e in read_jsonl(tmp_path / "run" / "epochs.jsonl")]
-    assert epochs == [0, 1, 2, 3], (done_before, epochs)  # nothing lost, nothing repeated
-    assert "resuming from the checkpoint of epoch" in out.stderr
-    assert (tmp_path / "run" / "summary.json").exists()
+    assert epochs == [0, 1], (done_before, epochs)  # nothing lost, nothing repeated
+    assert "resuming from the checkpoint of epoch 0" in out.stderr
+    assert (tmp_path / "run" / "summary.json").exists() and not out.left
 
 
 def test_torchrun_world_is_joined_not_spawned(tmp_path):

@@ -1,30 +1,38 @@
 """`make reproduce-fig6` and `make reproduce-table4` end to end with tiny iteration counts:
-netbench, gtopk.run.batch (every reducer, DDP's replayed backward included), the analysis
-scripts. On the emulated 1 Gbit/s cluster where root and ip/tc exist, else on loopback
+netbench, the ``run.py -m experiment=fig6_reproduce`` sweep (every reducer, DDP's replayed
+backward included; the jobs of one P in one group of workers), the analysis scripts, the offline wandb export of every job and the analysis. On the emulated 1 Gbit/s cluster where root and ip/tc exist, else on loopback
 (the target's own fallback)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
+from gtopk.records.rundir import read_jsonl
 from gtopk.run.cluster.netns import unavailable_reason
+from tests.wandb_records import offline_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "model=resnet20 nodes=1,2 benchmark.warmup=1 benchmark.iters=1 batch_size=8"
 NETBENCH = "pingpong.reps=2 pingpong.sizes=[8,65536,1048576]"
 
 
-def make(target: str, runs: Path) -> str:
+def make(target: str, runs: Path, wandb_dir: Path) -> str:
+    """``make <target>`` as a user types it (no WANDB_* setting of theirs), its wandb export in ``wandb_dir``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"WANDB_DIR": str(wandb_dir)}
     out = subprocess.run(
         ["make", "-s", "-C", str(ROOT), target, f"ARGS=hydra.sweep.dir={runs} {TINY}", f"NETBENCH_ARGS={NETBENCH}"],
         capture_output=True,
         text=True,
         timeout=400,
+        env=env,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout + out.stderr
@@ -32,8 +40,8 @@ def make(target: str, runs: Path) -> str:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_reproduce_fig6_then_table4_smoke(tmp_path):
-    runs = tmp_path / "fig6"
-    log = make("reproduce-fig6", runs)
+    runs, wandb_dir = tmp_path / "fig6", tmp_path / "wandb"
+    log = make("reproduce-fig6", runs, wandb_dir)
     cluster = "emulated" if unavailable_reason() is None else "local"
     assert ("WARNING: cannot emulate" in log) == (cluster == "local")
     assert f"Outputs in {runs / 'analysis'}" in log
@@ -48,9 +56,26 @@ def test_reproduce_fig6_then_table4_smoke(tmp_path):
     }
     assert set(ours[ours["kind"] == "modelled"]["nodes"]) == {1, 2, 16, 32}
     assert measured.set_index(["reducer", "nodes"]).loc[("ddp", 1), "efficiency"] == pytest.approx(1.0)  # v_1
+    for nodes in (1, 2):  # the sweep's `nodes` axis comes first: the 4 jobs of a P share one group
+        jobs = list(runs.glob(f"*,nodes={nodes},*"))
+        assert len(jobs) == 4 and len({r["pid"] for j in jobs for r in read_jsonl(j / "iters.rank0.jsonl")}) == 1
 
-    log = make("reproduce-table4", runs)  # the same runs: nothing measured again
-    assert "0 jobs to run" in log and "gtopk.perf.netbench" not in log
+    exported = offline_runs(wandb_dir)  # every job and the analysis folder, offline, read back
+    jobs = sorted(p.parent for p in runs.glob("*/summary.json"))
+    assert len(jobs) == 8 and len(exported) == 9 and "8 job run(s) and 1 analysis run(s) exported (offline)" in log
+    for job in jobs:
+        cfg, summary = yaml.safe_load((job / "config.yaml").read_text()), json.loads((job / "summary.json").read_text())
+        run = next(r for r in exported.values() if r.config.get("run_dir") == str(job.resolve()))
+        assert (run.group, run.job_type, run.config["nodes"]) == ("fig6_reproduce", cfg["reducer_name"], cfg["nodes"])
+        assert [h["iteration"] for h in run.history] == [r["iter"] for r in read_jsonl(job / "iters.rank0.jsonl")]
+        assert run.summary["t_iter"] == summary["t_iter"]
+    (analysis,) = [r for r in exported.values() if r.job_type == "analysis"]
+    columns, rows = analysis.table("table/fig6")
+    assert columns == list(fig6.columns) and len(rows) == len(fig6)
+    assert analysis.summary["figure/fig6"]["_type"] == "image-file"
+
+    log = make("reproduce-table4", runs, wandb_dir)  # the same runs: nothing measured again
+    assert log.count("skipping") == 8 and "gtopk.perf.netbench" not in log
     table = pd.read_csv(runs / "analysis" / "table4.csv")
     row = table[(table["kind"] == "measured") & (table["nodes"] == 2)].iloc[0]
     assert row["gtopk/dense"] == pytest.approx(row["e_gtopk"] / row["e_dense"])

@@ -9,9 +9,12 @@ even when the parent is SIGKILLed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -26,16 +29,48 @@ class NetnsError(RuntimeError):
     """An ``ip``/``tc`` command failed."""
 
 
+@functools.cache
 def unavailable_reason() -> str | None:
-    """Why namespaces cannot be made here (not root, no ip/tc), or None."""
+    """Why the emulated cluster's namespaces cannot be built here (one line), or None.
+
+    Decided by trying, once per process: a throw-away namespace with a veth pair and a
+    ``tbf`` qdisc on it (what ``gtopk.run.cluster.emulated`` builds), deleted at once. A
+    root container without CAP_NET_ADMIN, a kernel without veth or tbf, or an iproute2
+    that lacks them all fail here; the reason is the failing command and its error."""
     if not sys.platform.startswith("linux"):
         return f"network namespaces need Linux (this is {sys.platform})"
-    if os.geteuid() != 0:
-        return f"network namespaces need root (this process runs as uid {os.geteuid()})"
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         return f"{' and '.join(missing)} not found on PATH (install iproute2)"
-    return None
+    reason = _try_build(f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}-probe")
+    if reason and os.geteuid() != 0:
+        reason += f" (this process runs as uid {os.geteuid()}, not root)"
+    return reason
+
+
+def _try_build(name: str) -> str | None:
+    """Build namespace ``name`` with a shaped veth pair, then delete it; the first failing
+    command and its error, or None. (A probe left behind by a kill is stale: its owner,
+    this process, is gone, and ``sweep_stale`` removes it.)"""
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "-n", name, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+        ["tc", "-n", name, "qdisc", "add", "dev", "v0", "root", "tbf", "rate", "1gbit", "burst", "32kb"]
+        + ["latency", "10ms"],
+    ]
+    try:
+        for cmd in steps:
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return f"`{' '.join(cmd)}` could not run: {e}"
+            if proc.returncode != 0:
+                error = " ".join((proc.stderr.strip() or proc.stdout.strip()).split()) or f"exit {proc.returncode}"
+                return f"`{' '.join(cmd)}` failed: {error}"
+        return None
+    finally:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=60)
 
 
 def run_batch(tool: str, commands: list[str], namespace: str | None = None) -> None:

@@ -1,4 +1,6 @@
-"""Small datasets written in the real on-disk formats (no downloads)."""
+"""Small datasets written in the real on-disk formats (no downloads): CIFAR-10's python
+pickles and an ImageFolder of PNGs. Used by the tests and by ``analysis.reproduce``
+(the CPU smoke runs of the make targets)."""
 
 from __future__ import annotations
 

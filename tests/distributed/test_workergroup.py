@@ -1,0 +1,102 @@
+"""gtopk.run.group.WorkerGroup (P processes started once, running tasks one after another)
+and gtopk.run.runner (at most one live group, reused for the same spec)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from gtopk.run import runner
+from gtopk.run.group import WorkerGroup
+from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.spawn import WorkerError
+from tests.workers import fail_on_rank1, pid_and_threads, sleep_forever
+
+LOCAL = json.dumps({"_target_": "gtopk.run.cluster.LocalCluster"})
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_one_group_runs_several_tasks_in_the_same_processes():
+    with WorkerGroup(3, timeout=120) as group:
+        first = group.run(pid_and_threads, ("a",))
+        pids = [r["pid"] for r in first]
+        assert len(set(pids)) == 3 and pids == group.pids
+        assert all(r["pids"] == pids for r in first)  # one process group: every rank sees the same world
+        for tag in ("b", "c"):
+            again = group.run(pid_and_threads, (tag,))
+            assert [r["pid"] for r in again] == pids and {r["tag"] for r in again} == {tag}
+    assert not any(alive(pid) for pid in pids) and not multiprocessing.active_children()
+
+
+def test_each_task_gets_its_own_thread_count():
+    with WorkerGroup(2, timeout=120) as group:
+        default = group.run(pid_and_threads)
+        assert {r["threads"] for r in default} == {max(1, (os.cpu_count() or 1) // 2)}  # cores / P
+        for threads in (3, 1):
+            assert {r["threads"] for r in group.run(pid_and_threads, threads=threads)} == {threads}
+
+
+def test_a_failing_task_stops_every_process_and_a_new_group_works():
+    group = WorkerGroup(3, timeout=120, grace=2)
+    pids = group.pids
+    assert len(group.run(pid_and_threads)) == 3
+    with pytest.raises(WorkerError) as info:
+        group.run(fail_on_rank1, ("raise",))
+    assert info.value.summary() == "rank 1: RuntimeError: injected failure on rank 1"
+    assert set(info.value.failures) == {0, 1, 2}
+    assert not any(alive(pid) for pid in pids) and not multiprocessing.active_children()
+    with pytest.raises(RuntimeError, match="closed"):
+        group.run(pid_and_threads)
+    with WorkerGroup(3, timeout=120) as fresh:
+        out = fresh.run(pid_and_threads)
+    assert len(out) == 3 and not set(r["pid"] for r in out) & set(pids)
+
+
+def test_the_watchdog_timeout_is_per_task():
+    """A group started with a long timeout; one task's own short one catches its hang."""
+    with WorkerGroup(2, timeout=300) as group:
+        group.run(pid_and_threads)
+        with pytest.raises(WorkerError) as info:
+            group.run(sleep_forever, timeout=3)
+    assert "no progress for" in info.value.failures[0] and "in sleep_forever" in info.value.failures[0]
+    assert not multiprocessing.active_children()
+
+
+def test_runner_reuses_the_live_group_only_for_the_same_spec():
+    spec = GroupSpec(2, "gloo", 1, "cpu", LOCAL)
+    try:
+        a = run_on_cluster(spec, pid_and_threads, (), timeout=120, keep=True)
+        b = run_on_cluster(spec, pid_and_threads, (), timeout=120, keep=True)
+        assert [r["pid"] for r in a] == [r["pid"] for r in b]
+        other = GroupSpec(2, "gloo", 2, "cpu", LOCAL)  # another thread count: another group
+        c = run_on_cluster(other, pid_and_threads, (), timeout=120, keep=False)
+        assert {r["threads"] for r in c} == {2} and not {r["pid"] for r in c} & {r["pid"] for r in a}
+        assert not any(alive(r["pid"]) for r in a + c)  # the first replaced, the second not kept
+        assert not multiprocessing.active_children()
+    finally:
+        runner.close()
+
+
+def test_runner_closes_its_group_after_a_failure():
+    spec = GroupSpec(3, "gloo", 1, "cpu", LOCAL)
+    try:
+        before = run_on_cluster(spec, pid_and_threads, (), timeout=120, keep=True)
+        with pytest.raises(WorkerError):
+            run_on_cluster(spec, fail_on_rank1, ("kill",), timeout=120, keep=True)
+        assert not any(alive(r["pid"]) for r in before)
+        after = run_on_cluster(spec, pid_and_threads, (), timeout=120, keep=True)
+        assert not {r["pid"] for r in after} & {r["pid"] for r in before}
+    finally:
+        runner.close()
+    assert not multiprocessing.active_children()
