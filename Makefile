@@ -14,7 +14,7 @@ SMOKE ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lint format test test-all bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
+.PHONY: help setup lint format test test-all test-slow bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ test: setup  ## Run the default test suite (CPU, gloo on loopback)
 
 test-all: setup  ## Run every test, the slow ones included (not the benchmarks)
 	$(PY) -m pytest -q -m "not bench" $(PYTEST_ARGS)
+
+test-slow: setup  ## Run only the tests marked slow (make test + make test-slow = make test-all)
+	$(PY) -m pytest -q -m "slow and not bench" $(PYTEST_ARGS)
 
 bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON), collectives over P on the emulated cluster (CSV) in runs/bench/
 	@mkdir -p runs/bench

@@ -23,6 +23,8 @@ from gtopk.run.slurm import TORCHRUN_SBATCH
 from gtopk.run.slurm.local import alive, client_env
 from tests.procs import FAST, run
 
+#: slow: bringing SLURM up may first apt-get install its daemons (minutes on a fresh CI machine)
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = [sys.executable, "-m", "gtopk.run.slurm.local"]
 #: the override dirname of the FAST settings at nodes=2 (logger.wandb is excluded from it)
