@@ -14,7 +14,7 @@ SMOKE ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lint format test test-all test-slow bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all
+.PHONY: help setup lint format test test-all test-slow bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -88,6 +88,18 @@ reproduce-fig5: setup  ## Fig. 5: convergence and density sensitivity (CIFAR-10 
 reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (SMOKE=1 as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
 	$(REPRODUCE) fig5 $(if $(SMOKE),--smoke) $(ARGS)
+
+# payoff: PAYOFF_RUNS = folders of training runs (default: those of make reproduce-fig5 that exist),
+# NETWORK = network profile(s) (default runs/fig6_reproduce/net/*/profile.json), TARGET_ACC = absolute
+# top-1 target(s), PAYOFF_ARGS = other options of analysis.payoff (--borrow, --compute, --bench, --out).
+PAYOFF_RUNS ?= $(wildcard runs/fig5_convergence runs/density_sensitivity)
+NETWORK ?=
+TARGET_ACC ?=
+PAYOFF_ARGS ?=
+
+payoff: setup  ## Time to accuracy per reducer over P x bandwidth (docs/payoff.md): [NETWORK=profile.json] [TARGET_ACC=0.95]
+	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in runs/fig5_convergence: run make reproduce-fig5, or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
+	$(PY) -m analysis.payoff $(PAYOFF_RUNS) $(foreach n,$(NETWORK),--network $(n)) $(foreach a,$(TARGET_ACC),--target-acc $(a)) $(PAYOFF_ARGS)
 
 clean-venv:  ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import jobs_or_exit, ordered, out_dir, parser, save
+from analysis.common import jobs_or_exit, model_rank, ordered, out_dir, panels, parser, save
 from analysis.scaling import SETUP, modelled, rest_of_iteration
 from gtopk import paper
 from gtopk.perf.model import NetworkProfile
@@ -79,14 +79,9 @@ def paper_bars(models) -> pd.DataFrame:
 
 
 def plot(bars: pd.DataFrame) -> plt.Figure:
-    models = sorted(bars["model"].unique())
-    fig, axes = plt.subplots(
-        1,
-        len(models),
-        figsize=(max(4.0, 1.0 + 0.75 * bars.groupby("model").size().max()) * len(models), 4.2),
-        squeeze=False,
-    )
-    for ax, model in zip(axes[0], models):
+    models = sorted(bars["model"].unique(), key=model_rank)
+    fig, axes = panels(len(models), max(4.0, 1.0 + 0.75 * bars.groupby("model").size().max()), 4.2)
+    for ax, model in zip(axes, models):
         g = bars[bars["model"] == model]
         order = []
         for kind in ("measured", "modelled", "paper"):
@@ -102,7 +97,7 @@ def plot(bars: pd.DataFrame) -> plt.Figure:
         ax.set_ylabel("seconds per iteration")
         ax.set_title(model)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    axes[min(1, len(axes) - 1)].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     return fig
 

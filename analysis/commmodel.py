@@ -15,7 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import MARKERS, jobs_or_exit, ordered, out_dir, palette, parser, save
+from analysis.common import MARKERS, jobs_or_exit, model_rank, ordered, out_dir, palette, panels, parser, save
 from gtopk.perf.model import NetworkProfile, compare
 
 
@@ -30,10 +30,10 @@ def comparisons(jobs: pd.DataFrame, net: NetworkProfile) -> pd.DataFrame:
 
 
 def plot(cmp: pd.DataFrame) -> plt.Figure:
-    models = sorted(cmp["model"].unique())
+    models = sorted(cmp["model"].unique(), key=model_rank)
     colours = palette(cmp["reducer"])
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.8), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    fig, axes = panels(len(models), 4.6, 3.8)
+    for ax, model in zip(axes, models):
         g = cmp[cmp["model"] == model]
         for i, red in enumerate(ordered(g["reducer"])):
             r = (
@@ -61,7 +61,7 @@ def plot(cmp: pd.DataFrame) -> plt.Figure:
         ax.set_ylabel("t_commu per iteration (s)")
         ax.set_title(model)
         ax.grid(alpha=0.3, which="both")
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    axes[min(1, len(axes) - 1)].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     return fig
 

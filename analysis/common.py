@@ -18,6 +18,8 @@ from analysis.load import load_jobs  # noqa: E402
 
 #: the order reducers appear in (others follow, sorted)
 REDUCER_ORDER = ("dense", "ddp", "topk", "gtopk")
+#: the order models appear in: the paper's (Fig. 6, Table IV); others follow, sorted
+MODEL_ORDER = ("vgg16", "resnet20", "alexnet", "resnet50")
 #: marker per measured reducer line
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
@@ -52,6 +54,23 @@ def ordered(names) -> list[str]:
     """Reducer names in display order."""
     names = sorted(set(names))
     return [n for n in REDUCER_ORDER if n in names] + [n for n in names if n not in REDUCER_ORDER]
+
+
+def model_rank(name: str) -> tuple[int, str]:
+    """Sort key of a model name: the paper's order (``MODEL_ORDER``), then by name."""
+    return (MODEL_ORDER.index(name) if name in MODEL_ORDER else len(MODEL_ORDER), name)
+
+
+def panels(n: int, width: float, height: float) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A figure of ``n`` panels of ``width`` x ``height`` inches: one row up to 2 panels,
+    else rows of 2 (four models: 2 x 2); unused cells are hidden. Axes in reading order."""
+    cols = n if n <= 2 else 2
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
 
 
 def palette(names) -> dict[str, tuple]:

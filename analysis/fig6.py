@@ -13,7 +13,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import MARKERS, jobs_or_exit, ordered, out_dir, palette, parser, save
+from analysis.common import MARKERS, jobs_or_exit, model_rank, ordered, out_dir, palette, panels, parser, save
 from analysis.scaling import BASELINE, SETUP, efficiencies, paper_efficiency
 from gtopk.perf.model import NetworkProfile
 
@@ -51,11 +51,13 @@ def panel_title(key: tuple) -> str:
 
 
 def plot(eff: pd.DataFrame, ref: pd.DataFrame) -> plt.Figure:
-    """The figure: panels per setup, lines per reducer."""
-    panels = list(eff.groupby(SETUP, dropna=False, sort=True))
+    """The figure: panels per setup (models in the paper's order), lines per reducer."""
+    setups = sorted(
+        eff.groupby(SETUP, dropna=False, sort=True), key=lambda kg: model_rank(dict(zip(SETUP, kg[0]))["model"])
+    )
     colours = palette(eff["reducer"])
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
-    for ax, (key, g) in zip(axes[0], panels):
+    fig, axes = panels(len(setups), 4.6, 3.8)
+    for ax, (key, g) in zip(axes, setups):
         model = dict(zip(SETUP, key))["model"]
         for i, red in enumerate(ordered(ref[ref["model"] == model]["reducer"])):
             p = ref[(ref["model"] == model) & (ref["reducer"] == red)].sort_values("nodes")
@@ -76,7 +78,7 @@ def plot(eff: pd.DataFrame, ref: pd.DataFrame) -> plt.Figure:
         ax.set_ylabel("scaling efficiency v_P / v_1")
         ax.set_title(panel_title(key), fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    axes[min(1, len(axes) - 1)].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     return fig
 

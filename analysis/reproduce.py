@@ -14,7 +14,7 @@ after another measures once):
    calibrated alpha-beta profile, ``<runs>/net/<cluster settings>/profile.json``
    (measured once per cluster setting);
 3. ``run.py -m experiment=fig6_reproduce`` (compute replayed from the p102 profile; its
-   sweep axes in ``conf/experiment/fig6_reproduce.yaml``: VGG-16 and ResNet-20; dense,
+   sweep axes in ``conf/experiment/fig6_reproduce.yaml``: the paper's four models; dense,
    Top-k, gTop-k and DDP; P = 1, 2, 4, 8, the jobs of one P in one group of workers), any
    override replacing the axis of its key (``model=vgg16,resnet20,alexnet``); a failed
    job fails the target with the list of failed jobs (finished ones are kept, and a re-run

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import ordered, out_dir, parser, save
+from analysis.common import model_rank, ordered, out_dir, parser, save
 from analysis.fig6 import add_model_args, compute
 from analysis.scaling import paper_efficiency
 
@@ -49,7 +49,8 @@ def table(eff: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
             out[f"{num}/{den}"] = float("nan")
     out = out.reset_index()
     out["_k"] = out["kind"].map(KIND_ORDER).fillna(9)
-    return out.sort_values(["model", "nodes", "_k", "cluster"]).drop(columns="_k").reset_index(drop=True)
+    out["_m"] = out["model"].map(model_rank)  # the paper's model order
+    return out.sort_values(["_m", "nodes", "_k", "cluster"]).drop(columns=["_k", "_m"]).reset_index(drop=True)
 
 
 def markdown(df: pd.DataFrame) -> str:

@@ -104,6 +104,8 @@ class DDPReducer(DenseReducer):
 
     #: the model (gtopk.perf.model) takes max(t_compute, t_commu) instead of their sum
     overlaps_backward = True
+    #: DDP all-reduces from backward hooks across real processes (cluster=simulated: reducer=dense)
+    simulatable = False
     #: set by ``wrap`` (P > 1): the backward passes that run and time DDP's all-reduces
     hooked_backward: TimedAllReduce | None = None
 
@@ -113,14 +115,17 @@ class DDPReducer(DenseReducer):
         with warnings.catch_warnings():  # broadcast_buffers' deprecation notice; we want no syncing
             warnings.simplefilter("ignore", FutureWarning)
             # BN statistics stay per rank, as in the paper (buffers were broadcast at start)
+            # init_sync=False: the training loop has made the weights identical on every rank
+            # (gtopk.train.state.broadcast_and_check); DDP's own broadcast would repeat it
+            # (10 s for AlexNet at P = 8 on the emulated 1 Gbit/s network)
             ddp = DistributedDataParallel(
-                model, bucket_cap_mb=self.bucket_mb, process_group=self.group, broadcast_buffers=False
+                model, bucket_cap_mb=self.bucket_mb, process_group=self.group, broadcast_buffers=False, init_sync=False
             )
         self.hooked_backward = TimedAllReduce(next(model.parameters()).device)
         ddp.register_comm_hook(self.group, self.hooked_backward.hook)  # hook(group, bucket)
         return ddp
 
-    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
         rec.selected = grad.numel()
         rec.set_traffic(dense_traffic(self.world_size, self.bucket_sizes(grad.numel())))
-        return grad
+        return grad if out is None or out is grad else out.copy_(grad)

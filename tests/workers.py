@@ -24,11 +24,12 @@ class Case:
     options: dict = field(default_factory=dict)
     iters: int = 3
     seed: int = 0
+    inplace: bool = False  # reduce(grad, out=grad): the update overwrites the gradient (the training loop's call)
 
     @property
     def name(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        return f"{self.kind}[m={self.m},d={self.density},{self.data},{opts}]"
+        return f"{self.kind}[m={self.m},d={self.density},{self.data},{opts}{',inplace' if self.inplace else ''}]"
 
 
 REDUCERS = {"dense": DenseReducer, "topk": TopKReducer, "gtopk": GTopKReducer}
@@ -75,7 +76,10 @@ def check_against_reference(rank: int, P: int, cases: list[Case]) -> dict:
             grads = make_grads(case, it, P)
             accs = [r + g for r, g in zip(ref_res, grads)]
             ref_update, ref_res = reference_step(case, accs, P)
-            update, rec = reducer.reduce(grads[rank])
+            grad = grads[rank].clone() if case.inplace else grads[rank]
+            update, rec = reducer.reduce(grad, out=grad if case.inplace else None)
+            if case.inplace and update is not grad:
+                failures.append(f"{case.name} P={P} rank={rank} iter={it}: the update is not the out= tensor")
             residual = getattr(reducer, "feedback", None)
             residual = residual.residual if residual is not None else torch.zeros(case.m)
             if case.kind == "dense":

@@ -264,4 +264,6 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int) -> dict:
     out["t_merge"] = statistics.median(r.get("t_merge", 0.0) for r in rows)
     # DDP: its all-reduce window inside backward (hidden or not; the unhidden part is in t_commu)
     out["t_commu_backward"] = statistics.median(r.get("t_commu_backward", 0.0) for r in rows)
+    # the largest worker's peak resident memory in the job (MiB; rows of older runs lack it)
+    out["rss_peak_mb"] = max(r.get("rss_peak_mb", 0.0) for r in rows)
     return out

@@ -6,8 +6,11 @@ Contract (what a newcomer needs):
   first, with a one-line ``ValueError`` naming the setting and the fix, and communicates
   nothing. Without a process group (``torch.distributed`` not initialised and no
   ``group``) the reducer is one worker: ``world_size`` 1, rank 0, nothing to send.
-* ``reduce(grad) -> (update, record)`` turns this worker's flat fp32 gradient into the
-  update every worker applies (already divided by P) and a ``ReduceRecord``. It is
+* ``reduce(grad, out=None) -> (update, record)`` turns this worker's flat fp32 gradient
+  into the update every worker applies (already divided by P) and a ``ReduceRecord``;
+  with ``out`` (same size, dtype and device; ``grad`` itself allowed: the gradient is
+  read before the update is written) the update is written into ``out`` and returned,
+  so a large model needs no second update-sized buffer per worker. It is
   **collective** when a process group exists: every rank of the group calls it, in the
   same order, with a gradient of the same size (the first call checks this with an
   ``all_gather_object``). With one worker it is local, with the semantics of
@@ -22,13 +25,17 @@ Contract (what a newcomer needs):
   report 1.0.
 * ``wrap(model)`` gives the module the loop runs forward/backward on (DDP wraps it);
   ``predict_commu`` is the alpha-beta model of one ``reduce``'s communication.
+* ``reduce_group(workers, grads)`` (``simulatable`` reducers): P ranks' ``reduce`` in one
+  process, bit for bit for Top-k and gTop-k (``gtopk.reducers.inprocess``).
+* ``diagnostics`` (on in ``mode=train``): records also carry update_nnz, residual_norm and
+  lost_l1 (``ReduceRecord``), from what the rank holds: no extra communication.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -53,6 +60,11 @@ class ReduceRecord:
         dense update (and summing Top-k's P sets) is applying it: the training loop counts
         it in t_update. (The paper's t_commu includes that scatter.)
     t_merge: the part of t_commu spent in gTop-k's merges.
+    With ``Reducer.diagnostics`` (else None): update_nnz, coordinates the update writes (the
+    same on every rank); residual_norm, L2 of this rank's residual after the step (0: none);
+    lost_l1, gradient neither applied nor kept (gTop-k ``putback=index``: L1 of the partial
+    sums dropped by the merges this rank owns whose index still reached the final set; the
+    step's loss is the sum over ranks, exact unless two drops at one index cancel; else 0).
     """
 
     selected: int = 0
@@ -62,6 +74,9 @@ class ReduceRecord:
     t_compr: float = 0.0
     t_commu: float = 0.0
     t_merge: float = 0.0  # part of t_commu spent merging sparse vectors (gTop-k)
+    update_nnz: int | None = None
+    residual_norm: float | None = None
+    lost_l1: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -107,6 +122,10 @@ class Reducer(ABC):
 
     uses_density: bool = False
     _density: float = 1.0
+    #: ``reduce_group`` gives this reducer's semantics in one process (``cluster=simulated``)
+    simulatable: ClassVar[bool] = False
+    #: records carry update_nnz, residual_norm and lost_l1 (``ReduceRecord``)
+    diagnostics: bool = False
 
     def __init__(self, group: dist.ProcessGroup | None = None, align_timing: bool = False):
         self.group = group
@@ -173,15 +192,28 @@ class Reducer(ABC):
         """The module the training loop runs forward/backward on (DDP wraps it)."""
         return model
 
-    def reduce(self, grad: Tensor) -> tuple[Tensor, ReduceRecord]:
+    def reduce(self, grad: Tensor, out: Tensor | None = None) -> tuple[Tensor, ReduceRecord]:
         """Collective (local with one worker and no process group). Aggregate this
-        worker's gradient; return (update, record)."""
+        worker's gradient; return (update, record). ``out``: write the update there (it
+        may be ``grad``), else into a new tensor."""
         self._validate(grad)
+        if out is not None and (out.shape != grad.shape or out.dtype != grad.dtype or out.device != grad.device):
+            raise ValueError(
+                f"reduce(out=...) must match the gradient ({tuple(grad.shape)}, {grad.dtype}, {grad.device}); "
+                f"got ({tuple(out.shape)}, {out.dtype}, {out.device})"
+            )
         rec = ReduceRecord()
-        return self._reduce(grad, rec, Clock(grad.device)), rec
+        return self._reduce(grad, rec, Clock(grad.device), out), rec
 
     @abstractmethod
-    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor: ...
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
+        """The update, written into ``out`` when given (``out`` may alias ``grad``)."""
+
+    @classmethod
+    def reduce_group(cls, workers: list[Reducer], grads: list[Tensor]) -> tuple[Tensor, list[ReduceRecord]]:
+        """Local. What rank i's ``reduce(grads[i])`` returns in a group of P = len(workers)
+        ranks, rank i's state being ``workers[i]``'s (updated as ``reduce`` would)."""
+        raise NotImplementedError(f"{cls.__name__} cannot run its P workers in one process")
 
     def _validate(self, grad: Tensor) -> None:
         """On the first call, a collective check (local without a process group) that all

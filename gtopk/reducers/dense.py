@@ -8,6 +8,7 @@ from torch import Tensor
 from gtopk.host import Clock
 from gtopk.reducers.base import Reducer, ReduceRecord
 from gtopk.reducers.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
+from gtopk.reducers.inprocess import dense_group
 
 
 def bucket_numel(bucket_mb: float) -> int:
@@ -43,9 +44,14 @@ class DenseReducer(Reducer):
         """Ring all-reduce per bucket, buckets one after another."""
         return dense_time(P, bucket_sizes(m, bucket_numel(bucket_mb)), net)
 
-    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
         t0 = self._commu_start(clock)
-        out = grad.detach().clone()
+        # the all-reduce runs in place on ``out``: a copy of the gradient, unless ``out`` is the
+        # gradient itself (the training loop's flat gradient buffer, refilled every step)
+        if out is None:
+            out = grad.detach().clone()
+        elif out is not grad:
+            out.copy_(grad)
         if self.world_size > 1:
             works = [dist.all_reduce(b, group=self.group, async_op=True) for b in out.split(self.bucket_numel)]
             for w in works:
@@ -55,4 +61,13 @@ class DenseReducer(Reducer):
         rec.selected = out.numel()
         rec.set_traffic(dense_traffic(self.world_size, self.bucket_sizes(out.numel())))
         rec.t_commu = t1 - t0
+        if self.diagnostics:  # every entry applied, nothing kept back or lost
+            rec.update_nnz, rec.residual_norm, rec.lost_l1 = out.numel(), 0.0, 0.0
         return out
+
+    simulatable = True
+
+    @classmethod
+    def reduce_group(cls, workers, grads):
+        """Local: ``gtopk.reducers.inprocess.dense_group``."""
+        return dense_group(workers, grads)

@@ -9,7 +9,8 @@ from torch import Tensor
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
-from gtopk.reducers.schedules import Payload, recursive_doubling, tree_broadcast, tree_reduce
+from gtopk.reducers.inprocess import gtopk_group
+from gtopk.reducers.schedules import Payload, recursive_doubling, recursive_doubling_owned, tree_broadcast, tree_reduce
 from gtopk.reducers.selection import k_for, topk_indices
 from gtopk.reducers.sparse import member_mask, merge
 from gtopk.reducers.wire import PointToPoint, SparseCodec
@@ -61,11 +62,25 @@ class GTopKReducer(SparseReducer):
 
     # -- the two ways to find the global set; both return (indices, values or None) --
     def _merge(self, a, b):
-        """The gTop-k merge of two sparse vectors, its time added to the record's t_merge."""
+        """The gTop-k merge of two sparse vectors, its time added to the record's t_merge
+        (with ``_drops`` a list: what it dropped is appended, None when nothing)."""
         t0 = self._clock()
-        out = merge(*a, *b, self._k)
+        dropped = None if self._drops is None else []
+        out = merge(*a, *b, self._k, dropped)
+        if dropped is not None:
+            self._drops.append(dropped[0] if dropped else None)
         self._rec.t_merge += self._clock() - t0
         return out
+
+    def _lost_l1(self, final_idx: Tensor) -> float:
+        """L1 of what this rank's owned merges dropped at indices that reached the final set."""
+        owned = recursive_doubling_owned(self.rank, self.world_size) if self.algorithm != "tree" else None
+        lost = 0.0
+        for n, dropped in enumerate(self._drops or []):
+            if dropped is not None and (owned is None or owned[n]):
+                idx, val = dropped
+                lost += float(val[member_mask(final_idx, idx)].abs().sum())
+        return lost
 
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
@@ -93,10 +108,11 @@ class GTopKReducer(SparseReducer):
             p2p, self.rank, self.world_size, values, lambda a, b: a + b, as_bytes, as_bytes, codec.empty
         )
 
-    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
         P, m = self.world_size, grad.numel()
         k = k_for(self.density, m)
         self._k, self._rec, self._clock = k, rec, clock
+        self._drops = [] if self.diagnostics and self.putback == "index" else None
         t0 = clock()
         acc = self.feedback.accumulate(grad)
         sel = topk_indices(acc, k)
@@ -115,9 +131,21 @@ class GTopKReducer(SparseReducer):
         else:
             acc[sel[member_mask(final_idx, sel)]] = 0
         t3 = clock()
-        update = torch.zeros_like(acc)  # applying it (scatter) is not communication
+        # applying it (scatter) is not communication; ``out`` may be the gradient's buffer
+        # (the gradient is in acc, the residual, by now)
+        update = torch.zeros_like(acc) if out is None else out.zero_()
         update[final_idx] = final_val / P
         rec.selected = k
         rec.t_compr = (t1 - t0) + (t3 - t2)
         rec.t_commu = t2 - t1c
+        if self.diagnostics:  # from what this rank holds (the training loop counts it in t_update)
+            rec.update_nnz, rec.residual_norm = final_idx.numel(), float(torch.linalg.vector_norm(acc))
+            rec.lost_l1 = self._lost_l1(final_idx)
         return update
+
+    simulatable = True
+
+    @classmethod
+    def reduce_group(cls, workers, grads):
+        """Local: ``gtopk.reducers.inprocess.gtopk_group``."""
+        return gtopk_group(workers, grads)

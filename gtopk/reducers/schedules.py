@@ -1,4 +1,5 @@
-"""Communication schedules built from counted point-to-point calls (all collective).
+"""Communication schedules built from counted point-to-point calls (all collective), and
+the same schedules over P ranks' items held in one process (``*_local``: ``cluster=simulated``).
 
 Each function is called by every rank of the group with its own ``item``; ``Payload``
 says how an item travels (encode to a uint8 buffer of ``nbytes``, decode back).
@@ -74,3 +75,45 @@ def recursive_doubling(
     if rank + P2 < P:
         p2p.send(back.encode(item), rank + P2)
     return item
+
+
+def recursive_doubling_owned(rank: int, P: int) -> list[bool]:
+    """For each ``combine`` that ``rank`` makes in ``recursive_doubling``, in order: whether
+    it is the lowest of the ranks that make that same combine (the fold's receiver; at
+    step s, the first rank of its aligned group of 2^(s+1), which all hold the same
+    result). Counting only owned combines counts each distinct one once over the group
+    (``tree_reduce``: every combine is its rank's own)."""
+    P2 = 1 << (P.bit_length() - 1)
+    if rank >= P2:
+        return []
+    return [True] * (rank + P2 < P) + [rank % (2 << s) == 0 for s in range(P2.bit_length() - 1)]
+
+
+# -- the same schedules for P ranks' items held in one process (``cluster=simulated``) --
+# ``combine(own, received, rank)``: the same combines, operands and order as the ranks
+# make them; ``rank`` is the rank that makes it (its owner, for recursive doubling).
+
+
+def tree_reduce_local(items: list, combine: Callable[[Any, Any, int], Any]) -> Any:
+    """``tree_reduce`` of ``items[i]`` (rank i's) in one process: rank 0's result. Local."""
+    cur, P = list(items), len(items)
+    for r in range(log2_ceil(P)):
+        step = 1 << r
+        for i in range(0, P - step, 2 * step):
+            cur[i] = combine(cur[i], cur[i + step], i)
+    return cur[0]
+
+
+def recursive_doubling_local(items: list, combine: Callable[[Any, Any, int], Any]) -> Any:
+    """``recursive_doubling`` of ``items[i]`` (rank i's) in one process: the item every
+    rank ends with (bit-identical on all: ``combine`` is commutative). Each distinct
+    combine is made once, by its owner (``recursive_doubling_owned``). Local."""
+    cur, P = list(items), len(items)
+    P2 = 1 << (P.bit_length() - 1)
+    for e in range(P2, P):
+        cur[e - P2] = combine(cur[e - P2], cur[e], e - P2)
+    for s in range(P2.bit_length() - 1):
+        step = 1 << s
+        for i in range(0, P2, 2 * step):
+            cur[i] = combine(cur[i], cur[i + step], i)
+    return cur[0]

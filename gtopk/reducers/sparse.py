@@ -39,7 +39,7 @@ def _top_mask_torch(mag: Tensor, k: int) -> Tensor:
     return mask
 
 
-def _merge_np(ia: np.ndarray, va: np.ndarray, ib: np.ndarray, vb: np.ndarray, k: int):
+def _merge_np(ia: np.ndarray, va: np.ndarray, ib: np.ndarray, vb: np.ndarray, k: int, dropped: list | None = None):
     idx = np.concatenate([ia, ib])
     val = np.concatenate([va, vb])
     order = np.argsort(idx, kind="stable")  # timsort: two sorted runs, one linear merge
@@ -52,11 +52,16 @@ def _merge_np(ia: np.ndarray, va: np.ndarray, ib: np.ndarray, vb: np.ndarray, k:
         idx, val = idx[keep], val[keep]
     if idx.size <= k:
         return idx, val
-    sel = np.flatnonzero(_top_mask_np(np.abs(val), k))
+    mask = _top_mask_np(np.abs(val), k)
+    if dropped is not None:
+        dropped.append((torch.from_numpy(idx[~mask]), torch.from_numpy(val[~mask])))
+    sel = np.flatnonzero(mask)
     return idx[sel], val[sel]
 
 
-def _merge_torch(ia: Tensor, va: Tensor, ib: Tensor, vb: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def _merge_torch(
+    ia: Tensor, va: Tensor, ib: Tensor, vb: Tensor, k: int, dropped: list | None = None
+) -> tuple[Tensor, Tensor]:
     idx = torch.cat([ia, ib])
     val = torch.cat([va, vb])
     order = torch.sort(idx, stable=True).indices
@@ -70,6 +75,8 @@ def _merge_torch(ia: Tensor, va: Tensor, ib: Tensor, vb: Tensor, k: int) -> tupl
     if idx.numel() <= k:
         return idx, val
     mask = _top_mask_torch(val.abs(), k)
+    if dropped is not None:
+        dropped.append((idx[~mask], val[~mask]))
     return idx[mask], val[mask]
 
 
@@ -77,18 +84,22 @@ def _on_cpu(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" for t in tensors)
 
 
-def merge(idx_a: Tensor, val_a: Tensor, idx_b: Tensor, val_b: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def merge(
+    idx_a: Tensor, val_a: Tensor, idx_b: Tensor, val_b: Tensor, k: int, dropped: list | None = None
+) -> tuple[Tensor, Tensor]:
     """gTop-k merge of two sparse vectors.
 
     Values at a shared index are summed (``a + b``; float addition is commutative, so
     ``merge(a, b) == merge(b, a)`` bit for bit); of the union, the ``k`` largest |value|
     are kept, ties to the smaller index. Returns ascending indices and their values.
+    ``dropped``: a list to which the union's entries that were not kept are appended, as
+    one (ascending indices, values) pair (nothing when none was dropped).
     """
     args = (idx_a, val_a, idx_b, val_b)
     if _on_cpu(*args):
-        idx, val = _merge_np(*(t.detach().numpy() for t in args), k)
+        idx, val = _merge_np(*(t.detach().numpy() for t in args), k, dropped)
         return torch.from_numpy(idx), torch.from_numpy(val)
-    return _merge_torch(*args, k)
+    return _merge_torch(*args, k, dropped)
 
 
 def keep_topk(idx: Tensor, val: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -9,6 +9,7 @@ from torch import Tensor
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
+from gtopk.reducers.inprocess import topk_group
 from gtopk.reducers.selection import k_for, topk_indices
 from gtopk.reducers.sparse import keep_topk, member_mask
 from gtopk.reducers.wire import SparseCodec
@@ -37,7 +38,7 @@ class TopKReducer(SparseReducer):
         """Recursive-doubling all-gather of k (index, value) entries per rank."""
         return topk_time(P, k_for(density, m), m, net)
 
-    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock) -> Tensor:
+    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
         P, m = self.world_size, grad.numel()
         k = k_for(self.density, m)
         t0 = clock()
@@ -53,13 +54,14 @@ class TopKReducer(SparseReducer):
             dist.all_gather(bufs, mine, group=self.group)
         parts = [codec.unpack(b) for b in bufs]
         t2 = self._commu_end(clock)  # every rank holds every rank's k entries: the collective is done
-        summed = torch.zeros_like(acc)
+        # the gradient is in acc (the residual) by now: ``out`` may be the gradient's buffer
+        summed = torch.zeros_like(acc) if out is None else out.zero_()
         for idx, val in parts:  # rank order; indices are unique within a part
             summed.index_add_(0, idx, val)
         if self.reselect:
             union = torch.unique(torch.cat([idx for idx, _ in parts]), sorted=True)
             final_idx, final_val = keep_topk(union, summed[union], k)
-            update = torch.zeros_like(acc)
+            update = summed.zero_()
             update[final_idx] = final_val / P
         else:
             update = summed.div_(P)
@@ -74,4 +76,14 @@ class TopKReducer(SparseReducer):
         rec.set_traffic(traffic)
         rec.t_compr = (t1 - t0) + (t4 - t3)
         rec.t_commu = t2 - t1c
+        if self.diagnostics:  # from what this rank holds (the training loop counts it in t_update)
+            rec.update_nnz = (final_idx if self.reselect else torch.unique(torch.cat([i for i, _ in parts]))).numel()
+            rec.residual_norm, rec.lost_l1 = float(torch.linalg.vector_norm(acc)), 0.0
         return update
+
+    simulatable = True
+
+    @classmethod
+    def reduce_group(cls, workers, grads):
+        """Local: ``gtopk.reducers.inprocess.topk_group``."""
+        return topk_group(workers, grads)

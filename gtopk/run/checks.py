@@ -89,6 +89,13 @@ def validate(cfg: Any) -> None:
     _int_at_least(cfg, "batch_size", 1, "16")
     _int_at_least(cfg, "grad_accum", 1, "1")
     _int_at_least(cfg, "benchmark.iters", 1, "3")
+    budget = cfg.benchmark.get("budget_s")
+    if budget is not None:
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
+            raise ConfigError(
+                f"benchmark.budget_s={budget!r} must be a number of seconds > 0, or null to time benchmark.iters steps"
+            )
+        _int_at_least(cfg, "benchmark.min_iters", 1, "1")
     for key in ("timeout_s", "collective_timeout_s"):
         value = cfg.get(key)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
@@ -157,9 +164,10 @@ def memory_total() -> int | None:
         return None
 
 
-def machine_fits(cfg: Any, backend: str, on_cuda: bool) -> None:
-    """``cfg.nodes`` spawned workers fit this machine (see the module docstring)."""
-    nodes = cfg.nodes
+def machine_fits(cfg: Any, backend: str, on_cuda: bool, processes: int | None = None) -> None:
+    """The job's spawned worker processes (``processes``, default ``cfg.nodes``: one per
+    worker) fit this machine (see the module docstring)."""
+    nodes = cfg.nodes if processes is None else processes
     fix = "use fewer nodes, or torchrun to spread the workers over several machines"
     if backend == "nccl" and nodes > torch.cuda.device_count():
         raise ConfigError(

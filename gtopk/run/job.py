@@ -58,15 +58,16 @@ def validate(cfg: DictConfig) -> None:
             "pick reducer=dense|topk|gtopk|ddp or fix the class path"
         ) from None
     checks.reducer_settings(cfg)
+    cluster = instantiate(cfg.cluster)
+    try:
+        cluster.check_job(cfg)
+    except ClusterError as e:
+        raise ConfigError(str(e)) from None
     if torchrun_world() is None:
-        checks.machine_fits(cfg, resolve_backend(cfg), on_cuda(cfg))
+        checks.machine_fits(cfg, resolve_backend(cfg), on_cuda(cfg), cluster.processes(cfg.nodes))
     compute = instantiate(cfg.compute)
     if compute.needs_data:
         checks.data_fits(cfg, instantiate(cfg.data).check())
-    try:
-        instantiate(cfg.cluster).check(cfg.nodes)
-    except ClusterError as e:
-        raise ConfigError(str(e)) from None
 
 
 def torchrun_world() -> tuple[int, int] | None:
@@ -181,9 +182,10 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
         again = f", attempt {attempt}" if attempt > 1 else ""
         print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend}{again})", flush=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        cluster = instantiate(cfg.cluster)  # its processes run its entry (cluster=simulated: one for all)
         summary = run_on_cluster(
-            GroupSpec.of(cfg, cfg.nodes, backend),
-            run_worker,
+            GroupSpec.of(cfg, cluster.processes(cfg.nodes), backend, threads_for=cfg.nodes),
+            cluster.entry(),
             (cfg_dict, str(run_dir)),
             timeout=cfg.timeout_s,
             collective_timeout=cfg.collective_timeout_s,

@@ -44,11 +44,12 @@ class GroupSpec:
     port: int = 0  # rendezvous port on loopback (0: a free one)
 
     @classmethod
-    def of(cls, cfg: DictConfig, nodes: int, backend: str) -> GroupSpec:
+    def of(cls, cfg: DictConfig, nodes: int, backend: str, threads_for: int | None = None) -> GroupSpec:
         """The spec of ``nodes`` workers for config ``cfg`` (a job's or netbench's):
-        ``threads_per_worker`` (null or absent: cores / nodes), ``device``, ``cluster``,
-        ``master_port``."""
-        threads = cfg.get("threads_per_worker") or threads_per_worker(nodes)
+        ``threads_per_worker`` (null or absent: cores / ``threads_for``, default nodes: the
+        thread count of a job's real rank also where fewer processes run it), ``device``,
+        ``cluster``, ``master_port``."""
+        threads = cfg.get("threads_per_worker") or threads_per_worker(threads_for or nodes)
         cluster = json.dumps(OmegaConf.to_container(cfg.cluster, resolve=True), sort_keys=True)
         return cls(int(nodes), backend, int(threads), str(cfg.get("device", "cpu")), cluster, cfg.get("master_port", 0))
 

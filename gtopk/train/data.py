@@ -1,4 +1,5 @@
-"""Datasets and loaders: CIFAR-10 (torchvision), ImageNet (ImageFolder), synthetic tensors.
+"""Datasets and loaders: CIFAR-10 (torchvision), ImageNet (ImageFolder), the UCI digits
+(scikit-learn's copy, ``gtopk.train.digits``), synthetic tensors.
 
 Each family is a ``DataSource`` that Hydra instantiates from ``conf/data/<name>.yaml``.
 """
@@ -149,6 +150,36 @@ class Synthetic(DataSource):
             SyntheticDataset(self.shape, self.num_classes, self.train_size, self.seed),
             SyntheticDataset(self.shape, self.num_classes, self.test_size, self.seed + 1),
         )
+
+
+class Digits(DataSource):
+    """The UCI handwritten digits shipped with scikit-learn (``gtopk.train.digits``: split,
+    upscaling to ``image_size``, normalisation, augmentation); ``train_size`` /
+    ``test_size``: the first images of each split only (null: all 1,437 / 360)."""
+
+    name = "digits"
+
+    def __init__(self, image_size: int = 32, train_size: int | None = None, test_size: int | None = None):
+        self.image_size, self.train_size, self.test_size = image_size, train_size, test_size
+
+    def check(self) -> int:
+        from gtopk.train import digits
+
+        for key, value, most in (("train_size", self.train_size, 1437), ("test_size", self.test_size, 360)):
+            if value is not None and (not isinstance(value, int) or not 1 <= value <= most):
+                raise DataError(f"data.{key}={value!r} must be an integer in [1, {most}], or null for all")
+        if not isinstance(self.image_size, int) or self.image_size < 8:
+            raise DataError(f"data.image_size={self.image_size!r} must be an integer >= 8 (pixels), e.g. 32")
+        try:
+            digits.load()
+        except (OSError, ValueError) as e:
+            raise DataError(f"the digits data could not be read ({e}). Fix: pip install scikit-learn") from None
+        return 1437 if self.train_size is None else self.train_size
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        from gtopk.train import digits
+
+        return digits.splits(self.image_size, self.train_size, self.test_size)
 
 
 class Cifar10(DataSource):

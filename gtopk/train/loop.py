@@ -25,8 +25,11 @@ from gtopk.records.reporting import Progress, WandbLogger
 from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
 from gtopk.reducers.base import ReduceRecord
 from gtopk.train.backward import Backward
+from gtopk.train.budget import timed_steps
 from gtopk.train.data import build_loader
 from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard
+from gtopk.train.flatgrad import flat_grads, views_intact
+from gtopk.train.memory import peak_rss_mb, reset_peak_rss
 from gtopk.train.recipe import DensitySchedule, LRSchedule
 from gtopk.train.state import Checkpoints, assert_identical, broadcast_and_check
 
@@ -47,12 +50,14 @@ class Worker:
         self.model = instantiate(cfg.model.net).to(device)
         broadcast_and_check(self.model)  # same initial weights everywhere (collective)
         self.reducer = instantiate(cfg.reducer)
+        self.reducer.diagnostics = cfg.mode == "train"  # rows: update_nnz, residual_norm, lost_l1
         self.net = self.reducer.wrap(self.model)  # DDP wraps; the others return the model
         # how backward runs: DDP's times the all-reduces it runs from its hooks
         self.backward: Backward = getattr(self.reducer, "hooked_backward", None) or Backward()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.m = sum(p.numel() for p in self.params)
-        self.flat = torch.zeros(self.m, device=device)
+        # one flat gradient; each p.grad is a view of it where possible (gtopk.train.flatgrad)
+        self.flat = flat_grads(self.params, device)
         # fused: one kernel per step instead of ~4 ops per tensor (harness overhead, issue 6)
         self.opt = torch.optim.SGD(
             self.params,
@@ -85,11 +90,12 @@ class Worker:
         self.opt.zero_grad(set_to_none=False)
         t_data, loss_sum = self.compute.gradient(self, fetch)  # forward/backward or its replay
         t2 = clock()
-        torch.cat([p.grad.reshape(-1) for p in self.params], out=self.flat)
+        if not views_intact(self.params, self.flat):
+            torch.cat([p.grad.reshape(-1) for p in self.params], out=self.flat)
         self.faults.on_gradient(self.flat)
         bad = self.guard.check(self.flat)  # collective: the same verdict on every rank
         t_check = clock() - t2
-        update, rec = (None, ReduceRecord()) if bad else self.reducer.reduce(self.flat)
+        update, rec = (None, ReduceRecord()) if bad else self.reducer.reduce(self.flat, out=self.flat)
         t3 = clock()
         if not bad:  # a step with a non-finite gradient applies nothing, on every rank
             self.apply(update, lr)
@@ -114,6 +120,7 @@ class Worker:
         t.update(
             bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent, selected=rec.selected
         )
+        t.update(update_nnz=rec.update_nnz, residual_norm=rec.residual_norm, lost_l1=rec.lost_l1)
         return t
 
     def apply(self, update: torch.Tensor, lr: float) -> None:
@@ -123,7 +130,8 @@ class Worker:
         step for ResNet-20 on 2 cores)."""
         with one_thread(self.m < 1 << 22):
             offset = 0
-            for p in self.params:
+            in_grads = update is self.flat and views_intact(self.params, self.flat)  # nothing to copy
+            for p in [] if in_grads else self.params:
                 n = p.numel()
                 p.grad.copy_(update[offset : offset + n].view_as(p))
                 offset += n
@@ -175,6 +183,7 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
     cfg = OmegaConf.create(cfg_dict)
     run_dir = Path(run_dir)
     device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", rank)))
+    reset_peak_rss()  # rows record this job's peak RSS (the process may have run other jobs)
     w = Worker(rank, world, cfg, run_dir, device)
     heartbeat()  # model and data are ready
     meta = {
@@ -224,7 +233,7 @@ def weights_sha256(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # its buffer: no copy
     return h.hexdigest()
 
 
@@ -240,6 +249,7 @@ def _record(w: Worker, row: dict, logger) -> None:
     (every rank raises: the verdict was collective)."""
     row["attempt"] = w.cfg.get("attempt", 1)
     row["pid"] = os.getpid()  # the worker process (one group of workers runs a sweep's jobs of one P)
+    row["rss_peak_mb"] = peak_rss_mb()  # this worker's peak resident memory in this job so far
     w.iters.write(row)
     w.rows.append(row)
     heartbeat()
@@ -249,15 +259,18 @@ def _record(w: Worker, row: dict, logger) -> None:
 
 
 def benchmark(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
-    total = cfg.benchmark.warmup + cfg.benchmark.iters
-    stream = w.endless()
-    for it in range(total):
+    warmup, timed = cfg.benchmark.warmup, cfg.benchmark.iters
+    stream, it = w.endless(), 0
+    while it < warmup + timed:
         w.faults.before_step(it)
         row = w.step(stream.__next__, cfg.model.lr)
-        row.update(rank=w.rank, iter=it, warmup=it < cfg.benchmark.warmup)
+        row.update(rank=w.rank, iter=it, warmup=it < warmup)
         _record(w, row, logger)
+        if it == warmup:  # the first timed step: how many fit in benchmark.budget_s (collective if set)
+            timed = timed_steps(row["t_iter"], cfg.benchmark, w.device)
+        it += 1
         progress.show(
-            f"iter {it + 1}/{total} t_iter {row['t_iter']:.3f}s "
+            f"iter {it}/{warmup + timed} t_iter {row['t_iter']:.3f}s "
             f"{cfg.batch_size * cfg.grad_accum / row['t_iter']:.1f} img/s/worker"
         )
 

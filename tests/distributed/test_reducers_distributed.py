@@ -34,6 +34,13 @@ CASES = [
     Case("dense", M, options={"bucket_mb": 25.0, "align_timing": True}),
     Case("topk", M, 0.01, "ties", {"reselect": True, "align_timing": True}),
     Case("gtopk", M, 0.01, "ties", {"algorithm": "recursive_doubling", "putback": "index", "align_timing": True}),
+    # the training loop's call, reduce(flat, out=flat): the same results with the update
+    # written over the gradient's own buffer
+    Case("dense", M, options={"bucket_mb": 300 * 4 / 2**20}, inplace=True),
+    Case("topk", M, 0.01, "ties", {"reselect": False}, inplace=True),
+    Case("topk", M, 0.01, "normal", {"reselect": True}, inplace=True),
+    Case("gtopk", M, 0.01, "ties", {"algorithm": "tree", "putback": "index"}, inplace=True),
+    Case("gtopk", M, 0.1, "normal", {"algorithm": "recursive_doubling", "putback": "exact"}, inplace=True),
 ]
 LOSSLESS = lambda name: "exact" in name or name.startswith(("topk[", "dense["))  # noqa: E731
 
@@ -89,6 +96,15 @@ TOPK_MESSAGES = {1: 0, 2: 1, 3: 2, 4: 2, 5: 3, 6: 3, 8: 3}
 DENSE = {
     # 4 buckets of 300, 300, 300, 100: 8(P-1) messages; 2(P-1) * 4 * (3 ceil(300/P) + ceil(100/P)) bytes
     "dense[m=1000,d=1.0,normal,bucket_mb=0.0011444091796875]": {
+        2: (8, 4000),
+        3: (16, 5344),
+        4: (24, 6000),
+        5: (32, 6400),
+        6: (40, 6680),
+        8: (56, 7112),
+    },
+    # the same, reduced in place (out=grad): the same traffic
+    "dense[m=1000,d=1.0,normal,bucket_mb=0.0011444091796875,inplace]": {
         2: (8, 4000),
         3: (16, 5344),
         4: (24, 6000),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from gtopk.run.cluster import netns
 
@@ -48,6 +49,20 @@ class Cluster(ABC):
         """Raise ``ClusterError`` (naming the setting and the fix) if ``nodes`` workers
         cannot run here. Cheap; called before any process starts."""
         return None
+
+    def check_job(self, cfg: Any) -> None:
+        """``check`` for a job of config ``cfg`` (``gtopk.run.job``): ``check(cfg.nodes)``."""
+        self.check(cfg.nodes)
+
+    def processes(self, nodes: int) -> int:
+        """Worker processes a job of ``nodes`` workers starts (one per worker)."""
+        return nodes
+
+    def entry(self) -> Callable:
+        """What each of them runs: ``fn(rank, processes, cfg_dict, run_dir)`` (importable)."""
+        from gtopk.train.loop import run_worker
+
+        return run_worker
 
     @abstractmethod
     @contextmanager

@@ -1,0 +1,275 @@
+"""Does it pay off on my network? Time to a target accuracy per reducer, from measured
+convergence (training runs) and the time per iteration (measured, else the calibrated model).
+
+    python -m analysis.payoff RUNS... [--network PROFILE.json ...] [--target-acc 0.95] [--out DIR]
+
+time_to_target = iterations_to_target (``analysis.payoff_runs``: from the training runs at
+that P) x t_iter (``analysis.payoff_time``: same model, reducer and per-worker batch;
+measured by a benchmark job on that network, else modelled), for every model and density,
+P = 1 .. 1024 (powers of 2, and any P trained), every network (the calibrated profiles and
+a bandwidth sweep at their alpha), compute profile and target (``--relative`` x dense's
+final accuracy at that P, and each ``--target-acc``). DDP's update is dense's: without a
+DDP training run it takes the dense runs' iterations (``iterations_detail`` says so).
+A P with no training run is ``no run``; with ``--borrow`` it takes the iterations of the
+nearest trained P (in log2 P, ties to the smaller) and is marked ``borrowed``.
+Writes payoff.csv, a map per model and compute profile (``payoff_map``) and
+payoff_verdicts.txt into ``<first RUN>/analysis/`` (or --out). See docs/payoff.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from analysis.payoff_map import write_maps
+from analysis.payoff_runs import CONF, DENSE, Target, TrainRun, iterations_to, load_train_runs
+from analysis.payoff_time import ComputeProfile, IterTimes, Net, Reducer, compute_profile, networks
+from analysis.payoff_verdict import BASELINE, CELL, SETUP, fastest, verdicts
+from gtopk.perf.model import NetworkProfile
+from gtopk.train.compute import LOCAL_PROFILE
+
+NODES = tuple(2**i for i in range(11))  # 1 .. 1024
+DEFAULT_PROFILES = "runs/fig6_reproduce/net/*/profile.json"
+
+
+def donor(P: int, trained: Sequence[int], borrow: bool) -> int | None:
+    """The trained P whose iterations P uses: P itself, else (``borrow``) the nearest in
+    log2 P (ties to the smaller), else None."""
+    if P in trained:
+        return P
+    if not borrow or not trained:
+        return None
+    return min(sorted(trained), key=lambda q: abs(math.log2(q) - math.log2(P)))
+
+
+Key = tuple  # (reducer label, density or None): one line of the analysis
+
+
+def reducers(runs: Sequence[TrainRun]) -> tuple[dict[Key, Reducer], dict[Key, list[TrainRun]], dict[Key, str]]:
+    """Per (label, density): the Reducer (config, fallback overheads of its run with the
+    fewest workers), its runs, and where its iterations come from; DDP added (dense's
+    runs) when it was not trained."""
+    by: dict[Key, list[TrainRun]] = defaultdict(list)
+    for r in runs:
+        by[r.label, r.density].append(r)
+    reds = {key: Reducer(key[0], rs[0].reducer_cfg, min(rs, key=lambda r: r.nodes).overheads) for key, rs in by.items()}
+    origin = {key: "training run" for key in by}
+    dense = [r for r in runs if r.reducer_name in DENSE]
+    if (BASELINE, None) not in by and dense:
+        cfg = OmegaConf.to_container(OmegaConf.load(CONF / "reducer" / f"{BASELINE}.yaml"))
+        reds[BASELINE, None] = Reducer(BASELINE, cfg, min(dense, key=lambda r: r.nodes).overheads)
+        by[BASELINE, None] = dense
+        origin[BASELINE, None] = "dense training run (same update)"
+    return reds, by, origin
+
+
+def reach(runs: Sequence[TrainRun], acc: float) -> tuple[float, str]:
+    """Median iterations to ``acc`` over ``runs`` (inf when most did not reach it) and a note."""
+    its = [iterations_to(r, acc) for r in runs]
+    med = statistics.median([math.inf if i is None else i for i in its])
+    if math.isinf(med):
+        return med, f"best top-1 {max(r.best_acc for r in runs):.4f} < {acc:.4f}"
+    return med, f"{sum(i is not None for i in its)}/{len(runs)} runs reached it"
+
+
+def iterations_cell(runs: Sequence[TrainRun], P: int, src: int | None, acc: float | None, origin: str) -> dict:
+    """iterations_to_target at P of one reducer (``runs``: its runs at the donor P ``src``),
+    with its source (measured | borrowed | none), detail and status."""
+    if not runs:
+        return {
+            "status": "no run",
+            "iterations_to_target": math.nan,
+            "iterations_source": "none",
+            "iterations_detail": "no training run at this P"
+            if src is None
+            else f"no training run of this reducer at P={src}" + (" (the nearest trained P)" if src != P else ""),
+        }
+    if acc is None:
+        return {
+            "status": "no run",
+            "iterations_to_target": math.nan,
+            "iterations_source": "none",
+            "iterations_detail": f"no dense run at P={src}: no relative target",
+        }
+    its, note = reach(runs, acc)
+    if math.isinf(its):
+        return {
+            "status": "not reached",
+            "iterations_to_target": math.nan,
+            "iterations_source": "none",
+            "iterations_detail": f"{origin}, P={src}: not reached, {note}",
+        }
+    return {
+        "status": "ok",
+        "iterations_to_target": its,
+        "iterations_source": "measured" if src == P else "borrowed",
+        "iterations_detail": f"{origin}, P={src}: {note}",
+    }
+
+
+def time_source(iterations_source: str, t_iter_source: str) -> str:
+    """none if either part is missing; measured if both are; else borrowed or modelled."""
+    if "none" in (iterations_source, t_iter_source):
+        return "none"
+    if iterations_source == "borrowed":
+        return "borrowed"
+    return "measured" if t_iter_source == "measured" else "modelled"
+
+
+def setup_rows(
+    runs: Sequence[TrainRun],
+    targets: Sequence[Target],
+    nets: Sequence[Net],
+    computes: Sequence[ComputeProfile],
+    times: IterTimes,
+    borrow: bool,
+) -> list[dict]:
+    """Every row of one setup (runs of one model, data, batch and accumulation): per P,
+    target, reducer, network and compute profile; a reducer without a density (dense, DDP)
+    appears under every density trained."""
+    r0 = runs[0]
+    head = dict(zip(SETUP, r0.setup))
+    reds, by, origin = reducers(runs)
+    trained = sorted({r.nodes for r in runs})
+    densities = sorted({r.density for r in runs if r.density is not None}) or [1.0]  # dense reads 1.0
+    rows = []
+    for P in sorted(set(NODES) | set(trained)):
+        src = donor(P, trained, borrow)
+        for target in targets:
+            acc = target.accuracy([r for r in runs if r.nodes == src])
+            for key, red in reds.items():
+                cell = iterations_cell([r for r in by[key] if r.nodes == src], P, src, acc, origin[key])
+                dens = densities if key[1] is None else [key[1]]
+                for net in nets:
+                    for comp in computes:
+                        t, t_src, t_det = times.t_iter(r0.model, r0.params, red, P, r0.batch, r0.accum, net, comp)
+                        row = {**head, "nodes": P, "network": net.name, "bandwidth_gbps": net.gbps}
+                        row.update(calibrated=net.calibrated, compute_profile=comp.name, target=target.name)
+                        row.update(
+                            target_acc=acc,
+                            reducer=red.label,
+                            iterations_from_nodes=src,
+                            borrowed=src not in (None, P),
+                            **cell,
+                        )
+                        row.update(t_iter=t, t_iter_source=t_src, t_iter_detail=t_det)
+                        row["time_to_target"] = cell["iterations_to_target"] * t if t is not None else math.nan
+                        row["time_source"] = time_source(cell["iterations_source"], t_src)
+                        if cell["status"] == "ok" and t is None:
+                            row["status"] = "no time"
+                        rows += [{**row, "density": d} for d in dens]
+    return rows
+
+
+def with_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``speedup_vs_ddp`` = DDP's time_to_target / this row's, per cell."""
+    ddp = df[df["reducer"] == BASELINE][CELL + ["time_to_target"]].rename(columns={"time_to_target": "ddp_time"})
+    out = df.merge(ddp, on=CELL, how="left")
+    out["speedup_vs_ddp"] = out["ddp_time"] / out["time_to_target"]
+    return out.drop(columns=["ddp_time"])
+
+
+def payoff_table(
+    runs: Sequence[TrainRun],
+    targets: Sequence[Target],
+    nets: Sequence[Net],
+    computes: Sequence[ComputeProfile],
+    times: IterTimes,
+    borrow: bool = False,
+) -> pd.DataFrame:
+    """payoff.csv: one row per (setup, density, P, network, compute profile, target, reducer)."""
+    groups: dict[tuple, list[TrainRun]] = defaultdict(list)
+    for r in runs:
+        groups[r.setup].append(r)
+    rows = [row for key in sorted(groups) for row in setup_rows(groups[key], targets, nets, computes, times, borrow)]
+    df = with_speedups(pd.DataFrame(rows))
+    front = CELL + ["reducer", "status", "iterations_to_target", "t_iter", "time_to_target", "speedup_vs_ddp"]
+    return df[front + [c for c in df.columns if c not in front]]
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked (one-line errors naming the option and the fix)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="folders holding the training runs (e.g. runs/fig5_convergence)")
+    ap.add_argument(
+        "--network",
+        action="append",
+        help=f"network profile(s) (netbench profile.json, or `paper`); default {DEFAULT_PROFILES}",
+    )
+    ap.add_argument(
+        "--bench",
+        action="append",
+        help="folders of benchmark jobs whose t_iter counts as measured "
+        "(default: the folder two levels above each network profile, e.g. runs/fig6_reproduce)",
+    )
+    ap.add_argument(
+        "--compute",
+        action="append",
+        help="compute profiles: p102, local or a local.json-format file "
+        f"(default p102, and local when {LOCAL_PROFILE} exists)",
+    )
+    ap.add_argument(
+        "--target-acc", action="append", type=float, default=[], help="an absolute top-1 target (repeatable)"
+    )
+    ap.add_argument(
+        "--relative", type=float, default=0.99, help="relative target: x dense's final top-1 (default 0.99)"
+    )
+    ap.add_argument(
+        "--borrow", action="store_true", help="untrained P take the nearest trained P's iterations (marked)"
+    )
+    ap.add_argument("--out", help="output folder (default: <first RUN>/analysis)")
+    args = ap.parse_args(argv)
+    for root in args.runs:
+        if not Path(root).is_dir():
+            raise SystemExit(f"RUNS: {root} is not a folder; run `make reproduce-fig5` first or name the runs' folder")
+    for acc in [args.relative, *args.target_acc]:
+        if not 0 < acc <= 1:
+            raise SystemExit(f"--target-acc/--relative {acc} is outside (0, 1]; give a top-1 fraction, e.g. 0.95")
+    if not args.network:
+        args.network = [str(p) for p in sorted(Path().glob(DEFAULT_PROFILES))]
+        if not args.network:
+            raise SystemExit(f"no network profile ({DEFAULT_PROFILES}): run `make reproduce-fig6` or pass --network")
+    if args.bench is None:
+        args.bench = sorted(
+            {str(Path(n).parents[2]) for n in args.network if n != "paper" and len(Path(n).parents) > 2}
+        )
+    args.compute = args.compute or ["p102"] + (["local"] if LOCAL_PROFILE.exists() else [])
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
+    runs, skipped = load_train_runs(args.runs)
+    for line in skipped:
+        print(f"left out: {line}")
+    if not runs:
+        raise SystemExit(f"no finished training runs (epochs.jsonl + summary.json) under {' '.join(args.runs)}")
+    nets = networks([NetworkProfile.load(n) for n in args.network])
+    targets = [Target(relative=args.relative)] + [Target(absolute=a) for a in args.target_acc]
+    computes = [compute_profile(c) for c in args.compute]
+    df = payoff_table(runs, targets, nets, computes, IterTimes(args.bench), args.borrow)
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "payoff.csv", index=False)
+    cells = fastest(df)
+    paths = [out / "payoff.csv", *write_maps(cells, out)]
+    lines = verdicts(df, cells)
+    (out / "payoff_verdicts.txt").write_text("".join(f"{text}\n" for _, text in lines))
+    paths.append(out / "payoff_verdicts.txt")
+    for p in paths:
+        print(f"wrote {p}")
+    print(f"\nverdicts on the calibrated network(s) (all {len(lines)} in payoff_verdicts.txt):")
+    for calibrated, text in lines:
+        if calibrated:
+            print(f"  {text}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The convergence side of ``analysis.payoff``: finished training runs (``mode=train``), the
+iterations each needed to reach a target top-1 accuracy, and the targets themselves.
+
+Iterations are counted at epoch resolution: a run *reaches* a target at the end of the first
+epoch whose ``test_top1`` (``epochs.jsonl``) is at least the target, and needed every
+iteration up to that epoch's last (``iter`` + 1 of the last row of that epoch in
+``iters.rank0.jsonl``; iterations are numbered globally from 0, resumed jobs included).
+Nothing is interpolated between epochs, so it is an upper bound by less than one epoch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+#: reducers whose update is the exact average of the gradients (dense S-SGD): their final
+#: accuracy defines the relative target, and DDP borrows their iterations (same update)
+DENSE = ("dense", "ddp")
+#: t_data, t_compr and the rest of the iteration (update, flattening, check) per step
+OVERHEADS = ("t_data", "t_compr", "t_update")
+
+
+@dataclass
+class TrainRun:
+    """One finished training job: what identifies it, and its convergence curve."""
+
+    run_dir: Path
+    model: str
+    data: str
+    nodes: int
+    reducer_name: str
+    reducer_cfg: dict
+    label: str  # reducer name + its settings that differ from conf/reducer/<name>.yaml
+    density: float | None  # None for reducers that send every entry
+    batch: int
+    accum: int
+    params: int
+    curve: list[tuple[int, int, float]]  # (epoch, iterations done at its end, test_top1)
+    overheads: dict = field(default_factory=dict)  # medians of its own post-warm-up steps
+
+    @property
+    def setup(self) -> tuple[str, str, int, int]:
+        """Runs of one setup (model, data, per-worker batch, accumulation) are compared."""
+        return (self.model, self.data, self.batch, self.accum)
+
+    @property
+    def final_acc(self) -> float:
+        return self.curve[-1][2]
+
+    @property
+    def best_acc(self) -> float:
+        return max(acc for _, _, acc in self.curve)
+
+
+def reducer_label(name: str, cfg: dict) -> str:
+    """``name`` plus ``key=value`` for each setting (density aside) that differs from the
+    reducer's default config, e.g. ``gtopk putback=exact``."""
+    path = CONF / "reducer" / f"{name}.yaml"
+    defaults = OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else {}
+    diff = [
+        f"{k}={v}"
+        for k, v in sorted(cfg.items())
+        if k not in ("_target_", "density") and (k not in defaults or defaults[k] != v)
+    ]
+    return " ".join([name, *diff])
+
+
+def iterations_by_epoch(rows: Iterable[dict]) -> dict[int, int]:
+    """Iterations done at the end of each epoch: 1 + the largest ``iter`` of the rows of
+    that epoch or an earlier one."""
+    last: dict[int, int] = {}
+    for r in rows:
+        if "epoch" in r and "iter" in r and int(r["iter"]) >= 0:
+            last[int(r["epoch"])] = max(last.get(int(r["epoch"]), -1), int(r["iter"]))
+    out, done = {}, 0
+    for e in sorted(last):
+        done = max(done, last[e] + 1)
+        out[e] = done
+    return out
+
+
+def own_overheads(d: RunDir) -> dict:
+    """Medians of t_data, t_compr and the rest of the step (t_iter less the named parts)
+    over every rank's post-warm-up rows at the run's final density (the density warm-up
+    epochs select more entries)."""
+    rows = [r for p in d.all_iters() for r in read_jsonl(p) if not r.get("warmup") and "t_iter" in r]
+    if not rows:
+        return {}
+    final = rows[-1].get("density")
+    rows = [r for r in rows if r.get("density") == final]
+    rest = [r["t_iter"] - r["t_data"] - r["t_compute"] - r["t_compr"] - r["t_commu"] for r in rows]
+    return {
+        "t_data": statistics.median(r["t_data"] for r in rows),
+        "t_compr": statistics.median(r["t_compr"] for r in rows),
+        "t_update": max(0.0, statistics.median(rest)),
+    }
+
+
+def read_run(d: RunDir) -> TrainRun:
+    """A finished training job's record; a ValueError names a record that is missing a part."""
+    cfg, summary = d.read_config(), d.read_summary()
+    epochs = {int(e["epoch"]): e for e in read_jsonl(d.epochs) if "test_top1" in e}
+    if not epochs:
+        raise ValueError(f"{d.epochs} holds no epoch with test_top1")
+    done = iterations_by_epoch(read_jsonl(d.iters(0)))
+    missing = sorted(set(epochs) - set(done))
+    if missing:
+        raise ValueError(f"{d.iters(0)} has no iteration rows of epochs {missing}: cannot count iterations")
+    reducer_cfg = dict(cfg["reducer"])
+    return TrainRun(
+        run_dir=d.path,
+        model=cfg["model_name"],
+        data=cfg["data_name"],
+        nodes=int(cfg["nodes"]),
+        reducer_name=cfg["reducer_name"],
+        reducer_cfg=reducer_cfg,
+        label=reducer_label(cfg["reducer_name"], reducer_cfg),
+        density=float(reducer_cfg["density"]) if "density" in reducer_cfg else None,
+        batch=int(cfg["batch_size"]),
+        accum=int(cfg["grad_accum"]),
+        params=int(summary["params"]),
+        curve=[(e, done[e], float(epochs[e]["test_top1"])) for e in sorted(epochs)],
+        overheads=own_overheads(d),
+    )
+
+
+def load_train_runs(roots: Sequence[str | Path]) -> tuple[list[TrainRun], list[str]]:
+    """Finished training jobs under ``roots``, and one line per training job left out
+    (unfinished or failed: their curve may stop before the target)."""
+    runs, skipped = [], []
+    for d in run_dirs(roots):
+        if not d.epochs.exists():
+            continue
+        if not d.is_finished:
+            skipped.append(f"{d.path}: not finished ({'failed' if d.has_failed else 'running or interrupted'})")
+            continue
+        runs.append(read_run(d))
+    return runs, skipped
+
+
+def iterations_to(run: TrainRun, acc: float) -> int | None:
+    """Iterations done at the end of the first epoch with test_top1 >= ``acc``; None when
+    no epoch reached it."""
+    return next((it for _, it, a in run.curve if a >= acc), None)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target top-1: ``relative`` x the final accuracy of the dense runs at the same
+    setup and P, or an ``absolute`` accuracy."""
+
+    relative: float | None = None
+    absolute: float | None = None
+
+    @property
+    def name(self) -> str:
+        if self.relative is not None:
+            return f"{round(self.relative * 100, 6):g} % of dense"
+        return f"top-1 {self.absolute:g}"
+
+    def accuracy(self, runs: Sequence[TrainRun]) -> float | None:
+        """The accuracy to reach among ``runs`` (one setup and P); None when relative and
+        there is no dense run among them."""
+        if self.absolute is not None:
+            return self.absolute
+        finals = [r.final_acc for r in runs if r.reducer_name in DENSE]
+        return self.relative * statistics.median(finals) if finals else None

@@ -1,0 +1,214 @@
+"""The time side of ``analysis.payoff``: networks, compute profiles, and the time per
+iteration of a model and reducer at P on one network with one compute profile.
+
+t_iter is *measured* when a finished benchmark job (``mode=benchmark``, e.g. those of
+``make reproduce-fig6``) ran that model, reducer config (density included), P, per-worker
+batch and accumulation on the network's cluster (every setting in the profile's
+``cluster`` equal in the job's summary) with that compute profile (replay of it, or for
+the local profile real compute); the median t_iter over such jobs. Otherwise it is
+*modelled* (``gtopk.perf.model.predict_iter``): t_compute from the compute profile for
+this batch; t_data, t_compr and the rest of the step (update, flattening, the non-finite
+check) from the benchmark job of that model and reducer config with the fewest workers
+(as ``analysis.scaling`` does), else from the convergence run's own steps; t_commu from
+the reducer's alpha-beta formula on the network.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.scaling import rest_of_iteration
+from gtopk.paper import single_node_throughput
+from gtopk.perf.model import NetworkProfile, predict_iter
+from gtopk.records.rundir import finished
+from gtopk.train.compute import LOCAL_PROFILE
+
+#: the bandwidth sweep, Gbit/s, at the calibrated profile's alpha
+SWEEP_GBPS = (0.1, 1.0, 10.0, 100.0)
+
+
+@dataclass(frozen=True)
+class Net:
+    """One network of the analysis: a calibrated profile, or a point of the sweep."""
+
+    name: str
+    alpha: float
+    beta: float
+    calibrated: bool
+    cluster: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def gbps(self) -> float:
+        return 8.0 / self.beta / 1e9
+
+    @property
+    def profile(self) -> NetworkProfile:
+        return NetworkProfile(alpha=self.alpha, beta=self.beta, name=self.name, cluster=dict(self.cluster))
+
+
+def networks(profiles: Sequence[NetworkProfile], sweep: Iterable[float] = SWEEP_GBPS) -> list[Net]:
+    """The calibrated profiles (named ``<name> (<Gbit/s>)``), then the sweep at the first
+    profile's alpha (named ``<Gbit/s> Gbit/s``)."""
+    nets = [Net(f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)", p.alpha, p.beta, True, dict(p.cluster)) for p in profiles]
+    alpha = profiles[0].alpha
+    return nets + [Net(f"{g:g} Gbit/s", alpha, 8.0 / (g * 1e9), False) for g in sweep]
+
+
+class ComputeProfile(ABC):
+    """Where t_compute comes from: the paper's P102 throughput, or a local profile file."""
+
+    name = "compute"
+
+    @abstractmethod
+    def t_compute(self, model: str, batch: int, accum: int) -> float | None:
+        """Seconds of forward + backward per step; None when the profile has no entry."""
+
+    @abstractmethod
+    def ran(self, summary: dict) -> bool:
+        """Whether a benchmark job (its summary) ran with this compute."""
+
+
+class P102(ComputeProfile):
+    """The paper's single-P102 throughput (``gtopk.paper``): t_compute = images / (images/s)."""
+
+    name = "p102"
+
+    def __init__(self) -> None:
+        self.table = single_node_throughput()
+
+    def t_compute(self, model, batch, accum):
+        return batch * accum / self.table[model] if model in self.table else None
+
+    def ran(self, summary):
+        return summary.get("compute") == "replay" and summary.get("compute_profile") == "p102"
+
+
+class LocalProfile(ComputeProfile):
+    """A ``runs/profiles/local.json``-format file (``gtopk.run.localprofile``): the entry of
+    this model, batch and accumulation (any device) gives images/s."""
+
+    def __init__(self, path: Path, arg: str):
+        self.path, self.arg = Path(path), arg  # arg: as given (``local`` or the path)
+        self.name = arg if arg == "local" else self.path.stem
+        self.table = json.loads(self.path.read_text())
+
+    def t_compute(self, model, batch, accum):
+        prefix = f"{model}/b{batch}x{accum}/"
+        key = next((k for k in sorted(self.table) if k.startswith(prefix)), None)
+        return batch * accum / float(self.table[key]["images_per_s"]) if key else None
+
+    def ran(self, summary):
+        if summary.get("compute") == "replay":
+            return summary.get("compute_profile") == self.arg
+        return summary.get("compute") == "measured" and self.path.resolve() == LOCAL_PROFILE.resolve()
+
+
+def compute_profile(arg: str) -> ComputeProfile:
+    """``p102``, ``local`` (runs/profiles/local.json) or a path to a file of that format;
+    a missing file is a one-line error."""
+    if arg == "p102":
+        return P102()
+    path = LOCAL_PROFILE if arg == "local" else Path(arg)
+    if not path.exists():
+        raise SystemExit(
+            f"--compute {arg}: {path} does not exist; measure it with a compute.profile=local job, or use --compute p102"
+        )
+    return LocalProfile(path, arg)
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """A reducer of the analysis, and the training runs whose steps stand in for its
+    overheads when no benchmark job has them."""
+
+    label: str
+    cfg: dict = field(hash=False, compare=False)
+    fallback: dict = field(default_factory=dict, hash=False, compare=False)  # overheads of a training run
+
+
+class IterTimes:
+    """t_iter of (model, reducer, P, batch) on a network with a compute profile, from the
+    finished benchmark jobs under some roots (measured) or the model."""
+
+    def __init__(self, bench_roots: Sequence[str | Path]):
+        self.jobs = []
+        self._overheads: dict = {}
+        for d in finished(bench_roots):
+            summary = d.read_summary()
+            if summary.get("mode") == "benchmark":
+                self.jobs.append((summary, dict(d.read_config()["reducer"]), str(d.path)))
+
+    def _of(self, model: str, reducer_cfg: dict) -> list[tuple[dict, dict, str]]:
+        return [j for j in self.jobs if j[0]["model"] == model and j[1] == reducer_cfg]
+
+    def measured(
+        self, model: str, reducer_cfg: dict, P: int, batch: int, accum: int, net: Net, compute: ComputeProfile
+    ) -> float | None:
+        """Median t_iter of the benchmark jobs that ran exactly this on the net's cluster."""
+        if not net.cluster:
+            return None
+        ts = [
+            s["t_iter"]
+            for s, _, _ in self._of(model, reducer_cfg)
+            if int(s["nodes"]) == P
+            and int(s["batch_per_worker"]) == batch
+            and int(s.get("grad_accum_steps", 1)) == accum
+            and compute.ran(s)
+            and all(k in s and s[k] == v for k, v in net.cluster.items())
+        ]
+        return statistics.median(ts) if ts else None
+
+    def overheads(self, model: str, reducer: Reducer) -> tuple[dict, str] | None:
+        """(t_data, t_compr, t_update) of the reducer's benchmark jobs with the fewest
+        workers, else of its training run; None when neither has them."""
+        key = (model, json.dumps([reducer.cfg, reducer.fallback], sort_keys=True))
+        if key not in self._overheads:
+            self._overheads[key] = self._find_overheads(model, reducer)
+        return self._overheads[key]
+
+    def _find_overheads(self, model: str, reducer: Reducer) -> tuple[dict, str] | None:
+        jobs = self._of(model, reducer.cfg)
+        if jobs:
+            fewest = min(int(s["nodes"]) for s, _, _ in jobs)
+            at = [s for s, _, _ in jobs if int(s["nodes"]) == fewest]
+            df = pd.DataFrame(at)
+            out = {k: float(df[k].median()) for k in ("t_data", "t_compr")}
+            out["t_update"] = rest_of_iteration(df, commu_is_local=fewest == 1)
+            return out, f"benchmark P={fewest}"
+        if reducer.fallback:
+            return reducer.fallback, "training run"
+        return None
+
+    def t_iter(
+        self,
+        model: str,
+        params: int,
+        reducer: Reducer,
+        P: int,
+        batch: int,
+        accum: int,
+        net: Net,
+        compute: ComputeProfile,
+    ) -> tuple[float | None, str, str]:
+        """(t_iter, source: measured | modelled | none, detail)."""
+        t = self.measured(model, reducer.cfg, P, batch, accum, net, compute)
+        if t is not None:
+            return t, "measured", "benchmark job"
+        t_compute = compute.t_compute(model, batch, accum)
+        if t_compute is None:
+            return None, "none", f"{compute.name} has no compute time for {model} b{batch}x{accum}"
+        over = self.overheads(model, reducer)
+        if over is None:
+            return None, "none", f"no benchmark job or training steps of {reducer.label} for its overheads"
+        local, where = over
+        pred = predict_iter(
+            reducer.cfg, P, params, net.profile.network, {**local, "t_compute": t_compute}, batch * accum
+        )
+        return pred["t_iter"], "modelled", f"t_compute {compute.name}, overheads {where}"

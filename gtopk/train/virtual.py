@@ -1,0 +1,205 @@
+"""P virtual workers in one process: what each real rank holds, and one step of all of them.
+
+``cluster=simulated`` (``gtopk.train.simulated``) runs a training job's P ranks in one
+process. The parameters, the optimiser (and its momentum) and the compute are shared:
+every real rank holds identical copies of them and applies the same update. What differs
+between real ranks is kept per ``VirtualRank``:
+
+* its shard of the data: the same ``DistributedSampler`` partition (num_replicas=P,
+  rank=i) through the same loaders (``build_loader``), read in this process (as
+  ``train.loader_workers=0``);
+* its torch RNG stream (augmentation, the DataLoader's seed draws, dropout): every rank
+  starts from the state after seeding and building the model; ``SimulatedWorker.active``
+  swaps rank i's state in around everything rank i does, so it draws what rank i draws;
+* its BatchNorm running statistics (swapped in the same way; rank i's forward passes
+  update rank i's, evaluation uses each rank's own on its own test shard, as
+  ``Worker.evaluate`` does before its all_reduce);
+* its reducer: error-feedback residual and records (``Reducer.reduce_group``);
+* its records: ``iters.rank<i>.jsonl`` and checkpoint file, in the distributed format.
+
+Nothing here is collective: the process needs no process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from gtopk.host import Clock, heartbeat
+from gtopk.records.rundir import JsonLines, RunDir
+from gtopk.reducers.base import ReduceRecord
+from gtopk.train.backward import Backward
+from gtopk.train.data import build_loader
+from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite
+from gtopk.train.flatgrad import flat_grads, views_intact
+from gtopk.train.loop import Worker
+from gtopk.train.state import Checkpoints, restore, rng_state, set_rng_state, snapshot
+
+
+class VirtualRank:
+    """Rank ``rank``'s own state (see the module docstring)."""
+
+    groups = Worker.groups  # this epoch's stream of micro-batch lists, as a real rank's
+
+    def __init__(self, rank: int, world: int, cfg: DictConfig, run_dir: Path, sets, buffers, rng: dict):
+        self.rank, self.cfg = rank, cfg
+        self.reducer = instantiate(cfg.reducer)
+        self.reducer.diagnostics = True
+        train_set, test_set = sets
+        self.train_loader, self.sampler = build_loader(train_set, cfg.batch_size, rank, world, True, cfg.seed, 0)
+        self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, 0)
+        self.buffers = [b.detach().clone() for b in buffers]
+        self.rng = rng
+        self.grad: torch.Tensor | None = None  # this step's flat gradient
+        self.iters = JsonLines(RunDir(run_dir).iters(rank))
+        self.rows: list[dict] = []
+        self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)
+        self.guard = NonFiniteGuard(cfg.get("nonfinite", "stop"), rank, world)
+        self.ckpt = Checkpoints(RunDir(run_dir), rank)
+
+
+class SimulatedWorker:
+    """The shared model, optimiser and compute, and the P ``VirtualRank`` s."""
+
+    apply = Worker.apply  # the same SGD step (update into the gradients, then opt.step)
+
+    def __init__(self, world: int, cfg: DictConfig, run_dir: Path, device: torch.device):
+        self.rank, self.world, self.cfg, self.run_dir, self.device = 0, world, cfg, run_dir, device
+        torch.manual_seed(cfg.seed)  # as every real rank: then the same initial weights and RNG
+        self.model = instantiate(cfg.model.net).to(device)
+        self.net = self.model
+        self.backward = Backward()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.m = sum(p.numel() for p in self.params)
+        self.flat = flat_grads(self.params, device)
+        self.opt = torch.optim.SGD(
+            self.params,
+            lr=cfg.model.lr,
+            momentum=cfg.model.momentum,
+            weight_decay=cfg.model.weight_decay,
+            fused=True if device.type in ("cpu", "cuda") else None,
+        )
+        self.clock = Clock(device)
+        self.compute = instantiate(cfg.compute)
+        self.compute.prepare(self)
+        sets = instantiate(cfg.data).datasets()
+        self.buffers = list(self.model.buffers())
+        start = rng_state(device)
+        self.ranks = [VirtualRank(i, world, cfg, run_dir, sets, self.buffers, start) for i in range(world)]
+        self.reducer = self.ranks[0].reducer  # settings (density) as the job reports them
+
+    @contextlib.contextmanager
+    def active(self, vr: VirtualRank) -> Iterator[None]:
+        """Rank ``vr``'s RNG state and BatchNorm statistics in force while the block runs
+        (what it draws and updates there is kept as rank ``vr``'s)."""
+        set_rng_state(vr.rng, self.device)
+        with torch.no_grad():
+            for b, mine in zip(self.buffers, vr.buffers):
+                b.copy_(mine)
+        try:
+            yield
+        finally:
+            vr.rng = rng_state(self.device)
+            with torch.no_grad():
+                for b, mine in zip(self.buffers, vr.buffers):
+                    mine.copy_(b)
+
+    def step(self, fetches: list, lr: float) -> list[dict]:
+        """One step of every rank: P gradients one after another, their aggregate (the
+        reducers' semantics), the SGD step. One row per rank; t_iter is the whole step."""
+        clock, t0, rows = self.clock, self.clock(), []
+        for vr, fetch in zip(self.ranks, fetches):
+            ta = clock()
+            with self.active(vr):
+                self.opt.zero_grad(set_to_none=False)
+                t_data, loss = self.compute.gradient(self, fetch)
+            tb = clock()
+            if not views_intact(self.params, self.flat):
+                torch.cat([p.grad.reshape(-1) for p in self.params], out=self.flat)
+            vr.faults.on_gradient(self.flat)
+            vr.grad = self.flat.clone() if vr.grad is None else vr.grad.copy_(self.flat)
+            bad = has_nonfinite(vr.grad)
+            rows.append({"t_data": t_data, "t_compute": tb - ta - t_data, "t_check": clock() - tb, "loss": loss})
+            rows[-1]["bad"] = bad
+            heartbeat()
+        bad = [i for i, row in enumerate(rows) if row.pop("bad")]  # every rank's verdict, as the guard's
+        t2 = clock()
+        recs = [ReduceRecord() for _ in self.ranks]
+        if not bad:  # a step with a non-finite gradient applies nothing (nonfinite=skip)
+            reducers = [vr.reducer for vr in self.ranks]
+            update, recs = type(reducers[0]).reduce_group(reducers, [vr.grad for vr in self.ranks])
+            self.apply(update, lr)
+        t4 = clock()
+        shared = t4 - t2 - sum(rec.t_compr for rec in recs)  # aggregating (not one rank's) + SGD step
+        for vr, row, rec in zip(self.ranks, rows, recs):
+            row.update(
+                t_compr=rec.t_compr,
+                t_commu=0.0,  # nothing is sent: the traffic below is what the ranks would send
+                t_commu_backward=0.0,
+                t_merge=rec.t_merge,  # merges this rank makes (part of t_update here)
+                t_update=shared,
+                t_iter=t4 - t0,
+                nonfinite_ranks=bad,
+                nonfinite=vr.guard.action(bad),
+                lr=lr,
+                density=vr.reducer.density,
+                bytes_sent=rec.bytes_sent,
+                bytes_recv=rec.bytes_recv,
+                messages_sent=rec.messages_sent,
+                selected=rec.selected,
+                update_nnz=rec.update_nnz,
+                residual_norm=rec.residual_norm,
+                lost_l1=rec.lost_l1,
+            )
+        return rows
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Test loss and top-1 over all ranks' test shards, each rank with its own BN
+        statistics (``Worker.evaluate``, its all_reduce a sum in rank order here)."""
+        sums = torch.zeros(3, dtype=torch.float64)
+        for vr in self.ranks:
+            with self.active(vr):
+                self.model.eval()
+                for x, y in vr.test_loader:
+                    x, y = x.to(self.device), y.to(self.device)
+                    out = self.model(x)
+                    loss = F.cross_entropy(out, y, reduction="sum").item()
+                    sums += torch.tensor([loss, (out.argmax(1) == y).sum().item(), y.numel()], dtype=torch.float64)
+                    heartbeat()
+                self.model.train()
+        return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
+
+    def save(self, epoch: int, metrics: dict) -> None:
+        """Every rank's checkpoint file, in the distributed format (its own BN statistics,
+        residual and RNG state)."""
+        for vr in self.ranks:
+            with self.active(vr):
+                vr.ckpt.write(snapshot(self.model, self.opt, vr.reducer, epoch, metrics, self.device))
+
+    def load(self) -> tuple[int, dict | None]:
+        """Resume from the last epoch every rank saved: (next epoch, its metrics), or (0, None)."""
+        states = [vr.ckpt.read(self.device) for vr in self.ranks]
+        epochs = [-1 if s is None else s["epoch"] for s in states]
+        lowest = min(epochs)
+        if lowest < 0:
+            return 0, None
+        for rank, (epoch, state) in enumerate(zip(epochs, states)):
+            if epoch != lowest:
+                raise RuntimeError(
+                    f"rank {rank} holds a checkpoint of epoch {epoch}, others of epoch {lowest}; "
+                    f"delete {self.ranks[0].ckpt.path.parent} to start over"
+                )
+            same = all(torch.equal(state["model"][n], states[0]["model"][n]) for n, _ in self.model.named_parameters())
+            if not same:
+                raise RuntimeError(f"rank {rank}'s checkpoint holds other weights than rank 0's")
+        for vr, state in zip(self.ranks, states):
+            with self.active(vr):
+                restore(self.model, self.opt, vr.reducer, state, self.device)
+        return lowest + 1, states[0].get("metrics")

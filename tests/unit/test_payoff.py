@@ -1,0 +1,197 @@
+"""analysis.payoff on hand-written run directories: training runs whose curves cross the
+targets at iterations known by hand, benchmark jobs, a network profile and a local compute
+profile; every expected number below is worked out by hand from those inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import payoff
+from analysis.payoff_runs import iterations_by_epoch, iterations_to, load_train_runs
+from tests.wandb_records import timing_row, write_job
+
+PER_EPOCH = 10  # iterations per epoch in every training run below
+M = 1_000_000  # parameters (the summaries say so)
+# test_top1 per epoch (4 epochs); dense's final 0.92 -> relative target 0.99 * 0.92 = 0.9108
+CURVES = {
+    ("dense", 2): [0.50, 0.80, 0.90, 0.92],
+    ("gtopk", 2): [0.45, 0.75, 0.90, 0.915],  # reaches 0.9108 in epoch 3 (40 iterations)
+    ("dense", 4): [0.50, 0.80, 0.90, 0.92],  # epoch 3: 40 iterations; 0.85 in epoch 2: 30
+    ("gtopk", 4): [0.45, 0.75, 0.912, 0.915],  # epoch 2: 30 iterations for both targets
+    ("topk", 4): [0.30, 0.50, 0.60, 0.70],  # reaches neither
+}
+TRAIN_T_ITER = 0.2  # t_iter of the training runs' own steps (0.6 in epoch 0, at the warm-up density)
+ALPHA, BETA = 1e-3, 8e-9  # the profile: 1 ms per message, 1 Gbit/s
+CLUSTER = {"cluster": "emulated", "bandwidth": "1gbit"}
+IMAGES_PER_S = 320.0  # local compute profile of resnet20 at batch 32: t_compute = 32 / 320 = 0.1 s
+# benchmark jobs at P = 1 (t_data 0, t_compute 0.2, t_commu 0.001): t_compr and t_iter
+BENCH_P1 = {"gtopk": (0.01, 0.215), "dense": (0.0, 0.204), "ddp": (0.0, 0.203)}  # rest: 0.005, 0.004, 0.003
+GTOPK_P4_MEASURED = 0.15  # a benchmark job of gTop-k at P = 4, batch 32, on the profile's cluster
+
+
+def train_job(root: Path, reducer: str, P: int, density: float = 0.001, curve: list[float] | None = None) -> None:
+    rows = {}
+    for rank in range(P):
+        rows[rank] = []
+        for it in range(4 * PER_EPOCH):
+            epoch = it // PER_EPOCH
+            t = 0.6 if epoch == 0 else TRAIN_T_ITER
+            rho = 0.004 if epoch == 0 else density  # the density warm-up epoch
+            rows[rank].append(timing_row(rank, it, t, warmup=it < 2, epoch=epoch, density=rho))
+    # rank 0 was interrupted in epoch 1 and resumed from epoch 1's start: iterations 10-14 twice
+    rows[0][15:15] = [timing_row(0, it, 9.9, epoch=1, attempt=1) for it in range(10, 15)]
+    epochs = [
+        {"epoch": e, "train_loss": 2.0 - e / 4, "test_loss": 1.5, "test_top1": a}
+        for e, a in enumerate(curve or CURVES[reducer, P])
+    ]
+    summary = {"reducer": reducer, "model": "resnet20", "nodes": P, "params": M, "mode": "train", "t_iter": 0.2}
+    over = ["experiment=fig5_convergence", f"reducer={reducer}", f"nodes={P}", f"density={density}"]  # batch 32
+    write_job(root / f"reducer={reducer},nodes={P},density={density}", over, rows, summary, epochs)
+
+
+def bench_job(root: Path, reducer: str, P: int, t_compr: float, t_iter: float, profile: Path) -> None:
+    over = ["experiment=fig6_reproduce", f"reducer={reducer}", f"nodes={P}", f"compute.profile={profile}"]
+    summary = {
+        "mode": "benchmark", "model": "resnet20", "reducer": reducer, "nodes": P, "params": M,
+        "batch_per_worker": 32, "grad_accum_steps": 1, "t_data": 0.0, "t_compute": 0.2, "t_compr": t_compr,
+        "t_commu": 0.001, "t_iter": t_iter, "compute": "replay", "compute_profile": str(profile), **CLUSTER,
+    }  # fmt: skip
+    write_job(root / f"reducer={reducer},nodes={P}", over, {}, summary)
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> dict[str, Path]:
+    runs, bench = tmp_path / "fig5", tmp_path / "fig6"
+    for reducer, P in CURVES:
+        train_job(runs, reducer, P)
+    local = tmp_path / "local.json"
+    local.write_text(json.dumps({"resnet20/b32x1/cpu": {"images_per_s": IMAGES_PER_S, "t_compute": 0.1}}))
+    for reducer, (t_compr, t_iter) in BENCH_P1.items():
+        bench_job(bench, reducer, 1, t_compr, t_iter, local)
+    bench_job(bench, "gtopk", 4, 0.01, GTOPK_P4_MEASURED, local)
+    net = bench / "net" / "emulated" / "profile.json"
+    net.parent.mkdir(parents=True)
+    net.write_text(json.dumps({"alpha": ALPHA, "beta": BETA, "name": "emulated", "cluster": CLUSTER}))
+    return {"runs": runs, "bench": bench, "net": net, "local": local, "out": tmp_path / "out"}
+
+
+def run_payoff(records: dict[str, Path], *extra: str) -> pd.DataFrame:
+    args = [str(records["runs"]), "--network", str(records["net"]), "--bench", str(records["bench"])]
+    payoff.main(
+        args + ["--compute", str(records["local"]), "--target-acc", "0.85", "--out", str(records["out"]), *extra]
+    )
+    return pd.read_csv(records["out"] / "payoff.csv")
+
+
+def one(df: pd.DataFrame, reducer: str, P: int, network: str, target: str = "99 % of dense") -> pd.Series:
+    sel = df[(df["reducer"] == reducer) & (df["nodes"] == P) & (df["network"] == network) & (df["target"] == target)]
+    assert len(sel) == 1, sel
+    return sel.iloc[0]
+
+
+def test_iterations_per_epoch_count_resumed_runs_once():
+    rows = [{"epoch": e, "iter": i} for i in range(30) for e in [i // 10]]
+    rows += [{"epoch": 1, "iter": i, "attempt": 2} for i in range(10, 15)]  # a resumed epoch
+    assert iterations_by_epoch(rows) == {0: 10, 1: 20, 2: 30}
+
+
+def test_iterations_to_target_from_the_curves(records):
+    runs, skipped = load_train_runs([records["runs"]])
+    assert skipped == []
+    by = {(r.reducer_name, r.nodes): r for r in runs}
+    assert [it for _, it, _ in by["gtopk", 4].curve] == [10, 20, 30, 40]
+    assert iterations_to(by["dense", 4], 0.9108) == 40
+    assert iterations_to(by["gtopk", 4], 0.9108) == 30
+    assert iterations_to(by["gtopk", 2], 0.9108) == 40
+    assert iterations_to(by["dense", 4], 0.85) == 30
+    assert iterations_to(by["topk", 4], 0.85) is None
+
+
+def test_time_arithmetic_sources_and_marks(records):
+    df = run_payoff(records)
+    cal, sweep = "emulated (1 Gbit/s)", "1 Gbit/s"
+    k_bytes = 1000 * 8  # k = 0.001 * M entries of int32 index + float32 value
+    gtopk_p4 = 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + 0.01 + 0.005  # compute + tree up/down x log2 4 + compr + rest
+    ddp_p4 = max(0.1, 2 * 3 * (ALPHA + 250_000 * 4 * BETA)) + 0.003  # ring all-reduce hidden in backward + rest
+    dense_p4 = 0.1 + 2 * 3 * (ALPHA + 250_000 * 4 * BETA) + 0.004
+    # Top-k has no benchmark job: its own steps give t_data 0.001, t_compr 0.002, rest 0.2/4 - 0.003
+    topk_p4 = 0.001 + 0.1 + (2 * ALPHA + 3 * k_bytes * BETA) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
+
+    g = one(df, "gtopk", 4, sweep)
+    assert (g["iterations_to_target"], g["iterations_source"]) == (30, "measured")
+    assert g["t_iter"] == pytest.approx(gtopk_p4) and g["t_iter_source"] == "modelled"
+    assert g["time_to_target"] == pytest.approx(30 * gtopk_p4) and g["time_source"] == "modelled"
+    d = one(df, "ddp", 4, sweep)
+    assert d["iterations_to_target"] == 40 and "dense training run" in d["iterations_detail"]
+    assert d["time_to_target"] == pytest.approx(40 * ddp_p4)
+    assert g["speedup_vs_ddp"] == pytest.approx(40 * ddp_p4 / (30 * gtopk_p4))
+    assert one(df, "dense", 4, sweep)["time_to_target"] == pytest.approx(40 * dense_p4)
+    assert one(df, "topk", 4, sweep)["t_iter"] == pytest.approx(topk_p4)
+
+    # on the calibrated network, gTop-k at P = 4 has a benchmark job: measured
+    gm = one(df, "gtopk", 4, cal)
+    assert (gm["t_iter"], gm["t_iter_source"], gm["time_source"]) == (GTOPK_P4_MEASURED, "measured", "measured")
+    assert gm["time_to_target"] == pytest.approx(30 * GTOPK_P4_MEASURED)
+    # the absolute target: dense (DDP) reaches 0.85 in epoch 2
+    assert one(df, "ddp", 4, sweep, "top-1 0.85")["time_to_target"] == pytest.approx(30 * ddp_p4)
+
+    t = one(df, "topk", 4, sweep)
+    assert (t["status"], t["iterations_source"], t["time_source"]) == ("not reached", "none", "none")
+    assert math.isnan(t["time_to_target"]) and "best top-1 0.7000" in t["iterations_detail"]
+    n = one(df, "gtopk", 16, sweep)
+    assert (n["status"], n["iterations_source"]) == ("no run", "none") and math.isnan(n["time_to_target"])
+    assert n["t_iter"] == pytest.approx(0.1 + 4 * 2 * (ALPHA + k_bytes * BETA) + 0.01 + 0.005)
+    assert sorted(df["nodes"].unique()) == [2**i for i in range(11)]
+    assert set(df["bandwidth_gbps"].round(6)) == {0.1, 1.0, 10.0, 100.0}
+    assert (records["out"] / "payoff_resnet20_local.png").stat().st_size > 0
+
+
+def test_densities_are_separate_lines(records):
+    train_job(records["runs"], "gtopk", 4, density=0.0001, curve=[0.40, 0.60, 0.80, 0.912])  # 0.9108 in epoch 3
+    df = run_payoff(records)
+    sel = df[(df["reducer"] == "gtopk") & (df["nodes"] == 4) & (df["network"] == "1 Gbit/s")]
+    sel = sel[sel["target"] == "99 % of dense"].set_index("density")
+    assert sel["iterations_to_target"].to_dict() == {0.0001: 40, 0.001: 30}
+    k_bytes = 100 * 8  # k = 0.0001 * M
+    # no benchmark job at this density: overheads from its own steps (t_data 0.001, t_compr 0.002, rest)
+    t = 0.001 + 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
+    assert sel.loc[0.0001, "t_iter"] == pytest.approx(t)
+    ddp = df[(df["reducer"] == "ddp") & (df["nodes"] == 4) & (df["network"] == "1 Gbit/s")]
+    assert sorted(ddp["density"].unique()) == [0.0001, 0.001]
+
+
+def test_verdicts(records, capsys):
+    run_payoff(records)
+    lines = (records["out"] / "payoff_verdicts.txt").read_text().splitlines()
+    head = "ResNet-20, rho 0.001, 1 Gbit/s, compute local: "
+    # P = 4: 40 x 0.103 s (DDP) against 30 x 0.119256 s (gTop-k) = 1.15x; P = 2: 40 x 0.103 < 40 x 0.117128
+    assert (
+        head + "gTop-k reaches 99 % of dense 1.2x sooner than DDP at P = 4; no gain below P = 4; "
+        "Top-k did not reach it at P = 4"
+    ) in lines
+    # on the calibrated network gTop-k's measured 0.15 s at P = 4 loses: 30 x 0.15 > 40 x 0.103
+    calibrated = (
+        "ResNet-20, rho 0.001, emulated (1 Gbit/s), compute local: DDP reaches 99 % of dense soonest at every "
+        "trained P (2, 4); Top-k did not reach it at P = 4"
+    )
+    assert calibrated in lines
+    assert calibrated in capsys.readouterr().out
+
+
+def test_borrowed_iterations_are_marked(records):
+    df = run_payoff(records, "--borrow")
+    b = one(df, "gtopk", 16, "1 Gbit/s")
+    assert (b["status"], b["iterations_source"], b["iterations_from_nodes"]) == ("ok", "borrowed", 4)
+    assert (b["iterations_to_target"], b["time_source"]) == (30, "borrowed")
+    assert one(df, "gtopk", 1, "1 Gbit/s")["iterations_from_nodes"] == 2  # 1 is nearer 2 than 4 in log2 P
+
+
+def test_no_network_profile_is_a_one_line_error(records, monkeypatch):
+    monkeypatch.chdir(records["runs"])
+    with pytest.raises(SystemExit, match=r"run `make reproduce-fig6` or pass --network"):
+        payoff.main([str(records["runs"])])
