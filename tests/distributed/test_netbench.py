@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 
+@pytest.mark.slow  # ~15 s; make reproduce-fig6's test runs netbench too
 def test_netbench_writes_profile_and_collectives(tmp_path):
     out = tmp_path / "net"
     cmd = [

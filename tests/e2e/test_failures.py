@@ -273,6 +273,7 @@ def test_a_nan_gradient_is_detected_on_every_rank(tmp_path, policy):
     assert not done.left
 
 
+@pytest.mark.slow  # ~21 s; the job lock is also exercised by the sweep-group tests in make test
 def test_concurrent_sweeps_do_not_collide(tmp_path):
     """Two copies of one sweep into the same directory and a third elsewhere, at once:
     every job runs exactly once, and nothing fights over ports."""

@@ -105,6 +105,7 @@ def test_emulated_cluster_that_cannot_be_built_suggests_alternatives(monkeypatch
 # ------------------------------------------------------------------ compute replay
 def job_cfg(**over):
     base = {"model_name": "vgg16", "batch_size": 128, "grad_accum": 1, "device": "cpu", "mode": "benchmark"}
+    base["benchmark"] = {"warmup": 3}
     return OmegaConf.create({**base, **over})
 
 
@@ -122,7 +123,7 @@ def test_replay_refuses_training_and_reads_profile_files(tmp_path):
         compute.ReplayedCompute().resolve(job_cfg(mode="train"))
     path = tmp_path / "prof.json"
     path.write_text('{"vgg16/b128x1/cpu": {"images_per_s": 64.0}}')
-    assert compute.ReplayedCompute(profile=str(path)).resolve(job_cfg()) == {"t_compute": 2.0}
+    assert compute.ReplayedCompute(profile=str(path)).resolve(job_cfg()) == {"t_compute": 2.0, "warmup_steps": 3}
     with pytest.raises(compute.ProfileError, match="no entry"):
         compute.ReplayedCompute(profile=str(path)).resolve(job_cfg(batch_size=64))
 

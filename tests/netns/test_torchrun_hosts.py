@@ -31,7 +31,10 @@ from tests.procs import FAST, run
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 REASON = netns.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")
+pytestmark = [
+    pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}"),
+    pytest.mark.slow,  # ~35 s together: make test-slow (CI runs it)
+]
 HOSTS, PER_HOST = 2, 2
 RDZV_PORT = 29400  # inside the job's own namespaces: no clash with anything else
 
