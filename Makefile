@@ -73,7 +73,7 @@ wandb-export: setup  ## Finished jobs + analysis outputs under RUNS (default run
 wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJECT=... [EXPERIMENT=...]
 	$(PY) -m analysis.wandb_report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
 
-reproduce-fig6: setup  ## Fig. 6 + comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
+reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
 	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
 reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs of reproduce-fig6)

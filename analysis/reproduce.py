@@ -46,7 +46,7 @@ FIG5 = ["experiment=fig5_convergence", "model=resnet20", "reducer=dense,topk,gto
 DENSITY = ["experiment=density_sensitivity", "model=resnet20", "density=0.001,0.0005,0.0001"]
 SMOKE = ["nodes=2", "train.epochs=4", "train.loader_workers=0", "logger.wandb=false", "data.verify=false"]
 SCALING_SCRIPTS = {
-    "fig6": ["fig6", "commmodel"],
+    "fig6": ["fig6", "table4", "breakdown", "commmodel"],  # one run, every scaling output
     "table4": ["table4"],
     "breakdown": ["breakdown"],
     "scaling": ["fig6", "table4", "breakdown", "commmodel"],

@@ -9,7 +9,6 @@ LR and density schedules, and a checkpoint per epoch.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 from pathlib import Path
@@ -31,7 +30,7 @@ from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard
 from gtopk.train.flatgrad import flat_grads, views_intact
 from gtopk.train.memory import peak_rss_mb, reset_peak_rss
 from gtopk.train.recipe import DensitySchedule, LRSchedule
-from gtopk.train.state import Checkpoints, assert_identical, broadcast_and_check
+from gtopk.train.state import Checkpoints, assert_identical, broadcast_and_check, weights_sha256
 
 
 def pick_device(cfg: DictConfig, local_rank: int) -> torch.device:
@@ -58,7 +57,7 @@ class Worker:
         self.m = sum(p.numel() for p in self.params)
         # one flat gradient; each p.grad is a view of it where possible (gtopk.train.flatgrad)
         self.flat = flat_grads(self.params, device)
-        # fused: one kernel per step instead of ~4 ops per tensor (harness overhead, issue 6)
+        # fused: one kernel per step instead of ~4 ops per tensor (harness overhead: docs/performance.md)
         self.opt = torch.optim.SGD(
             self.params,
             lr=cfg.model.lr,
@@ -224,17 +223,6 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
         w.iters.close()
         if logger:
             logger.finish()
-
-
-def weights_sha256(model: torch.nn.Module) -> str:
-    """sha256 over ``model.state_dict()`` in order (each name, then the tensor's bytes):
-    the final weights' fingerprint, to compare runs (parameters are equal on every rank,
-    buffers such as BatchNorm statistics are this rank's). Local, not collective."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # its buffer: no copy
-    return h.hexdigest()
 
 
 def gather_rows(w: Worker) -> list[dict]:

@@ -36,9 +36,10 @@ from gtopk.host import heartbeat
 from gtopk.records.reporting import Progress, WandbLogger
 from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
 from gtopk.train.faults import NonFiniteGradient
-from gtopk.train.loop import _record, pick_device, weights_sha256
+from gtopk.train.loop import _record, pick_device
 from gtopk.train.memory import reset_peak_rss
 from gtopk.train.recipe import DensitySchedule, LRSchedule
+from gtopk.train.state import weights_sha256
 from gtopk.train.virtual import SimulatedWorker
 
 BACKEND = "in-process"  # what records say instead of a torch.distributed backend

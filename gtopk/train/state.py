@@ -1,7 +1,8 @@
-"""Model state across ranks: identical initial weights, and per-epoch checkpoints."""
+"""Model state across ranks: identical initial weights, per-epoch checkpoints, the final weights' fingerprint."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import torch
@@ -157,3 +158,14 @@ def _reducer_state(state: dict) -> dict:
     if "reducer" in state:
         return state["reducer"]
     return {} if state.get("residual") is None else {"residual": state["residual"]}
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 over ``model.state_dict()`` in order (each name, then the tensor's bytes):
+    the final weights' fingerprint, to compare runs (parameters are equal on every rank,
+    buffers such as BatchNorm statistics are this rank's). Local, not collective."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # its buffer: no copy
+    return h.hexdigest()

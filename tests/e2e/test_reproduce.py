@@ -45,7 +45,7 @@ def test_reproduce_fig6_then_table4_smoke(tmp_path):
     cluster = "emulated" if unavailable_reason() is None else "local"
     assert ("WARNING: cannot emulate" in log) == (cluster == "local")
     assert f"Outputs in {runs / 'analysis'}" in log
-    for name in ("fig6.png", "fig6.pdf", "fig6.csv", "commmodel.png", "commmodel.csv"):
+    for name in ("fig6.png", "fig6.pdf", "fig6.csv", "commmodel.png", "commmodel.csv", "table4.md", "breakdown.png"):
         assert (runs / "analysis" / name).stat().st_size > 0
     fig6 = pd.read_csv(runs / "analysis" / "fig6.csv")
     ours = fig6[fig6["kind"] != "paper"]
@@ -72,7 +72,14 @@ def test_reproduce_fig6_then_table4_smoke(tmp_path):
     (analysis,) = [r for r in exported.values() if r.job_type == "analysis"]
     columns, rows = analysis.table("table/fig6")
     assert columns == list(fig6.columns) and len(rows) == len(fig6)
-    assert analysis.summary["figure/fig6"]["_type"] == "image-file"
+    # Table IV (every measured P) and the breakdown (the largest P) come with the figure
+    for stem, measured_nodes in (("table4", {1, 2}), ("breakdown", {2})):
+        on_disk = pd.read_csv(runs / "analysis" / f"{stem}.csv")
+        columns, rows = analysis.table(f"table/{stem}")
+        assert columns == list(on_disk.columns) and len(rows) == len(on_disk)
+        assert set(on_disk.loc[on_disk["kind"] == "measured", "nodes"]) == measured_nodes
+    for stem in ("fig6", "breakdown"):
+        assert analysis.summary[f"figure/{stem}"]["_type"] == "image-file"
 
     log = make("reproduce-table4", runs, wandb_dir)  # the same runs: nothing measured again
     assert log.count("skipping") == 8 and "gtopk.perf.netbench" not in log
