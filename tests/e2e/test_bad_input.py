@@ -101,24 +101,47 @@ SLOW_TWINS = [
     "args,fragments",
     [
         (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, topk"]),
-        *SLOW_TWINS[:3],
-        (["nodes=0"], ["nodes=0 must be an integer >= 1"]),
-        (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
+        *SLOW_TWINS,
         (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
-        SLOW_TWINS[3],
+        (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
+        (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
+    ],
+)
+def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
+    """Through run.py: one line on stderr, exit 2, no worker, no records (one case per
+    kind of check: unknown choice, a setting, the machine, the data)."""
+    _expect_one_line(tmp_path, args, *fragments)
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["nodes=0"], ["nodes=0 must be an integer >= 1"]),
+        (["density=1.5"], ["density=1.5 is outside (0, 1]"]),
         (["reducer.algorithm=ring"], ["reducer.algorithm='ring' is unknown; choose one of tree, recursive_doubling"]),
         (["reducer=dense", "reducer.bucket_mb=0"], ["reducer.bucket_mb=0 must be > 0"]),
-        (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
         (["nodes=2", "grad_accum=9"], ["grad_accum=9", "use a smaller batch_size or grad_accum"]),
         (["fault.kind=boom"], ["fault.kind='boom' is unknown; choose one of raise, kill, hang, nan"]),
         (["nonfinite=maybe"], ["nonfinite='maybe' is unknown; choose one of stop, skip"]),
         (["collective_timeout_s=0"], ["collective_timeout_s=0 must be a number of seconds > 0"]),
         (["master_port=70000"], ["master_port=70000 must be a TCP port"]),
         (["threads_per_worker=0"], ["threads_per_worker=0 must be an integer >= 1", "or null"]),
+        (["benchmark.budget_s=-1"], ["benchmark.budget_s=-1 must be a number of seconds > 0"]),
+        (["cluster=simulated", "mode=benchmark"], ["cluster=simulated", "mode=train"]),
     ],
 )
-def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
-    _expect_one_line(tmp_path, args, *fragments)
+def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):
+    """The checks run.py runs before any process (``gtopk.run.job.validate``), in this
+    process: the same one-line message the CLI prints after ``error: ``."""
+    from gtopk.run.job import BAD_INPUT, validate
+
+    with pytest.raises(BAD_INPUT) as info:
+        validate(compose([*FAST, *args]))
+    line = str(info.value)
+    assert "\n" not in line, line
+    for fragment in fragments:
+        assert fragment in line, line
+    assert not multiprocessing.active_children()
 
 
 def test_missing_and_corrupt_dataset_are_one_line(tmp_path):

@@ -32,7 +32,8 @@ TRAIN = [
 @pytest.mark.parametrize(
     "args,says",
     [
-        (["cluster=simulated", "nodes=4"], "mode=benchmark with cluster=simulated"),
+        # in make test through gtopk.run.job.validate (test_bad_input); here the CLI path too
+        pytest.param(["cluster=simulated", "nodes=4"], "mode=benchmark with cluster=simulated", marks=pytest.mark.slow),
         (["cluster=simulated", "nodes=2", "mode=train", "reducer=ddp", "data=digits"], "reducer=ddp cannot run"),
     ],
     ids=["benchmark", "ddp"],
@@ -45,6 +46,7 @@ def test_what_cannot_run_simulated_is_refused_in_one_line(tmp_path, args, says):
     assert not list(tmp_path.glob("run/iters.rank*.jsonl")) and not done.left
 
 
+@pytest.mark.slow  # 22 s; resuming from checkpoints is in make test for real ranks (test_failures)
 def test_a_stopped_simulated_job_resumes_bit_identically(tmp_path):
     """Virtual rank 1 raises at the first step of epoch 1 (after epoch 0's checkpoint);
     the same command then resumes from the per-rank checkpoints (weights, BN statistics,
