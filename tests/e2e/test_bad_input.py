@@ -103,13 +103,11 @@ SLOW_TWINS = [
         (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, topk"]),
         *SLOW_TWINS,
         (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
-        (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
-        (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
     ],
 )
 def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
-    """Through run.py: one line on stderr, exit 2, no worker, no records (one case per
-    kind of check: unknown choice, a setting, the machine, the data)."""
+    """Through run.py: one line on stderr, exit 2, no worker, no records (an unknown
+    choice, found before composing, and a setting; the data: the dataset test below)."""
     _expect_one_line(tmp_path, args, *fragments)
 
 
@@ -117,6 +115,8 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
     "args,fragments",
     [
         (["nodes=0"], ["nodes=0 must be an integer >= 1"]),
+        (["nodes=100000"], ["nodes=100000 workers need at least", "GiB", "use fewer nodes, or torchrun"]),
+        (["nodes=2", "batch_size=64"], ["batch_size=64 x grad_accum=1", "nodes=2 leave 32 per worker"]),
         (["density=1.5"], ["density=1.5 is outside (0, 1]"]),
         (["reducer.algorithm=ring"], ["reducer.algorithm='ring' is unknown; choose one of tree, recursive_doubling"]),
         (["reducer=dense", "reducer.bucket_mb=0"], ["reducer.bucket_mb=0 must be > 0"]),
@@ -128,6 +128,10 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
         (["threads_per_worker=0"], ["threads_per_worker=0 must be an integer >= 1", "or null"]),
         (["benchmark.budget_s=-1"], ["benchmark.budget_s=-1 must be a number of seconds > 0"]),
         (["cluster=simulated", "mode=benchmark"], ["cluster=simulated", "mode=train"]),
+        (
+            ["cluster=simulated", "mode=train", "reducer=ddp", "data=digits"],
+            ["reducer=ddp cannot run", "cluster=local"],
+        ),
     ],
 )
 def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):

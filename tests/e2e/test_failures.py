@@ -242,7 +242,7 @@ def test_a_job_started_with_sigint_ignored_ignores_ctrl_c(tmp_path):
     assert done.returncode != 0 and "Traceback" not in done.stderr and not done.left, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("policy", ["skip", "stop"])
+@pytest.mark.parametrize("policy", [pytest.param("skip", marks=pytest.mark.slow), "stop"])  # stop: the default
 def test_a_nan_gradient_is_detected_on_every_rank(tmp_path, policy):
     job = tmp_path / "run"
     done = run(

@@ -34,7 +34,11 @@ TRAIN = [
     [
         # in make test through gtopk.run.job.validate (test_bad_input); here the CLI path too
         pytest.param(["cluster=simulated", "nodes=4"], "mode=benchmark with cluster=simulated", marks=pytest.mark.slow),
-        (["cluster=simulated", "nodes=2", "mode=train", "reducer=ddp", "data=digits"], "reducer=ddp cannot run"),
+        pytest.param(
+            ["cluster=simulated", "nodes=2", "mode=train", "reducer=ddp", "data=digits"],
+            "reducer=ddp cannot run",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["benchmark", "ddp"],
 )

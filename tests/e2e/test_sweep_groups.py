@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gtopk.records.rundir import ATTEMPTS, LOCK, read_jsonl
 from tests.procs import FAST, run
 
@@ -39,6 +41,7 @@ def test_jobs_of_one_p_share_a_group_and_each_keeps_its_lock_and_attempts(tmp_pa
         assert [a["attempt"] for a in attempts] == [1] and attempts[0]["pid"] != worker_pids(job, 1)[0]
 
 
+@pytest.mark.slow  # in make test: test_workergroup's runner_closes_its_group_after_a_failure (same path, no run.py)
 def test_a_failed_job_ends_its_group_and_the_next_job_of_that_p_starts_a_fresh_one(tmp_path):
     """Three jobs at P = 2 (benchmark.iters 2, 5, 3): rank 1 raises at iteration 4, which
     only the middle job reaches."""

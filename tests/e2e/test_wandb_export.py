@@ -10,6 +10,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gtopk.records.rundir import read_jsonl
@@ -19,6 +20,7 @@ from tests.wandb_records import offline_runs
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # in make test: test_reproduce reads every exported job of make reproduce-fig6 back
 def test_a_real_job_exported_offline_reads_back_as_its_records(tmp_path):
     done = run("-m", f"hydra.sweep.dir={tmp_path / 'runs'}", "reducer=gtopk", "nodes=2", "density=0.01", *FAST)
     assert done.returncode == 0, done.stderr[-3000:]
