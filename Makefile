@@ -6,11 +6,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # reproduce-*: ARGS = Hydra overrides for the runs (e.g. ARGS="cluster=local compute=measured"),
-# NETBENCH_ARGS = gtopk.perf.netbench overrides (e.g. "pingpong.reps=3"), SMOKE=1 (reproduce-fig5:
-# small generated data).
+# NETBENCH_ARGS = gtopk.perf.netbench overrides (e.g. "pingpong.reps=3"), FULL=1 (reproduce-fig5:
+# the full variant, P = 4, 16, 32 and three densities, instead of the quick one).
 ARGS ?=
 NETBENCH_ARGS ?=
-SMOKE ?=
+FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
@@ -82,23 +82,23 @@ reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs o
 reproduce-breakdown: setup  ## Time breakdown per model and reducer beside the paper's (the runs of reproduce-fig6)
 	$(REPRODUCE) breakdown --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
-reproduce-fig5: setup  ## Fig. 5: convergence and density sensitivity (CIFAR-10 under data.root; SMOKE=1: generated data)
-	$(REPRODUCE) fig5 $(if $(SMOKE),--smoke) $(ARGS)
+reproduce-fig5: setup  ## Fig. 5 on the offline digits, simulated workers: quick (P=4,16, ~15 min); FULL=1: P=4,16,32 x 3 densities
+	$(REPRODUCE) fig5 $(if $(FULL),--full) $(ARGS)
 
-reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (SMOKE=1 as for reproduce-fig5)
+reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1 as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
-	$(REPRODUCE) fig5 $(if $(SMOKE),--smoke) $(ARGS)
+	$(REPRODUCE) fig5 $(if $(FULL),--full) $(ARGS)
 
 # payoff: PAYOFF_RUNS = folders of training runs (default: those of make reproduce-fig5 that exist),
 # NETWORK = network profile(s) (default runs/fig6_reproduce/net/*/profile.json), TARGET_ACC = absolute
 # top-1 target(s), PAYOFF_ARGS = other options of analysis.payoff (--borrow, --compute, --bench, --out).
-PAYOFF_RUNS ?= $(wildcard runs/fig5_convergence runs/density_sensitivity)
+PAYOFF_RUNS ?= $(wildcard runs/fig5_quick)
 NETWORK ?=
 TARGET_ACC ?=
 PAYOFF_ARGS ?=
 
 payoff: setup  ## Time to accuracy per reducer over P x bandwidth (docs/payoff.md): [NETWORK=profile.json] [TARGET_ACC=0.95]
-	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in runs/fig5_convergence: run make reproduce-fig5, or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
+	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in runs/fig5_quick: run make reproduce-fig5, or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
 	$(PY) -m analysis.payoff $(PAYOFF_RUNS) $(foreach n,$(NETWORK),--network $(n)) $(foreach a,$(TARGET_ACC),--target-acc $(a)) $(PAYOFF_ARGS)
 
 clean-venv:  ## Remove the virtual environment

@@ -1,13 +1,16 @@
-"""Fig. 5: convergence, training loss and top-1 test accuracy per epoch, one line per
-training run (dense vs gTop-k and Top-k; for the density sensitivity runs, one line per
-density rho), one row of panels per model.
+"""Fig. 5: convergence of dense vs Top-k vs gTop-k (both put-backs), training loss and top-1
+test accuracy against iterations and against epochs, one line per training run (reducer,
+put-back, rho, P), one row of panels per (model, P); the table beside it (final top-1 and
+iterations to 99 % of dense's final top-1 at the same P); and the gap, measured: per
+iteration, the coordinates the update touched, the residual's norm per worker and the
+gradient mass the paper's put-back lost.
 
-    python -m analysis.fig5 runs/fig5_convergence
-    python -m analysis.fig5 runs/density_sensitivity --stem density
+    python -m analysis.fig5 runs/fig5_quick
+    python -m analysis.fig5 runs/fig5_density --dense-from runs/fig5_full --stem density
 
-A run's label is its reducer, with rho when the reducer's config has a density, and the
-experiment name when the roots hold several. Epochs of runs still training count.
-Writes <stem>.{png,pdf,csv} (default stem fig5) into ``<first root>/analysis/``.
+Writes into ``<first root>/analysis/`` (or ``--out``): ``<stem>.{png,pdf,csv}`` (the curves;
+the CSV has every epoch of every run), ``<stem>_table.{csv,md}``, and
+``<stem>_gap.{png,pdf,csv}`` (per-iteration diagnostics). Epochs of runs still training count.
 """
 
 from __future__ import annotations
@@ -15,42 +18,78 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import out_dir, parser, save
-from analysis.load import load_epochs
+from analysis.common import model_rank, out_dir, parser, save
+from analysis.fig5_data import load_curves, load_gap, markdown, table
+from analysis.payoff_runs import DENSE
 
 METRICS = (("train_loss", "training loss"), ("test_top1", "top-1 test accuracy"))
+AXES = (("iterations", "iterations"), ("epoch", "epoch"))
+GAP_PANELS = (
+    ("update_nnz", "coordinates the update touched", "log"),
+    ("residual_norm", "residual L2 norm per worker (median, min-max)", "log"),
+    ("lost_l1", "gradient L1 lost by the paper's put-back", "log"),
+)
 
 
-def label(row: pd.Series, with_name: bool) -> str:
-    """reducer [rho=...] [name] [P=...]."""
-    text = str(row["reducer"])
-    if "density" in (row["reducer_cfg"] or {}):
-        text += f" rho={row['density']:g}"
-    text += f" P={int(row['nodes'])}"
-    return f"{text} [{row['name']}]" if with_name else text
+def _rows(frame: pd.DataFrame) -> list[tuple[str, int]]:
+    pairs = {(m, int(p)) for m, p in zip(frame["model"], frame["nodes"])}
+    return sorted(pairs, key=lambda mp: (model_rank(mp[0]), mp[1]))
 
 
-def labelled(epochs: pd.DataFrame) -> pd.DataFrame:
-    with_name = epochs["name"].nunique() > 1
-    out = epochs.copy()
-    out["label"] = [label(r, with_name) for _, r in out.iterrows()]
-    return out
+def _colours(labels) -> dict[str, tuple]:
+    import seaborn as sns
+
+    names = sorted({lab.rsplit(" P=", 1)[0] for lab in labels})
+    return dict(zip(names, sns.color_palette("colorblind", len(names))))
 
 
-def plot(epochs: pd.DataFrame) -> plt.Figure:
-    models = sorted(epochs["model"].unique())
-    fig, axes = plt.subplots(len(models), len(METRICS), figsize=(5.0 * len(METRICS), 3.4 * len(models)), squeeze=False)
-    for row, model in zip(axes, models):
-        g = epochs[epochs["model"] == model]
-        for ax, (metric, title) in zip(row, METRICS):
-            for lab, run in g.groupby("label", sort=True):
-                run = run.sort_values("epoch")
-                ax.plot(run["epoch"], run[metric], marker="o", markersize=3, label=lab)
-            ax.set_xlabel("epoch")
-            ax.set_ylabel(title)
-            ax.set_title(f"{model}: {title}", fontsize=10)
+def plot_curves(curves: pd.DataFrame) -> plt.Figure:
+    rows = _rows(curves)
+    colours = _colours(curves["label"])
+    panels = [(m, x) for x in AXES for m in METRICS]
+    fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.2 * len(panels), 3.2 * len(rows)), squeeze=False)
+    for line, (model, nodes) in zip(axes, rows):
+        g = curves[(curves["model"] == model) & (curves["nodes"] == nodes)]
+        for ax, ((metric, title), (x, xlabel)) in zip(line, panels):
+            for _, run in sorted(g.groupby("run_dir"), key=lambda kv: kv[1]["label"].iloc[0]):
+                run, lab = run.sort_values("epoch"), run["label"].iloc[0]
+                ax.plot(run[x], run[metric], lw=1.3, label=lab, color=colours[lab.rsplit(" P=", 1)[0]])
+            if metric == "train_loss":
+                ax.set_yscale("log")
+            ax.set(xlabel=xlabel, ylabel=title)
+            ax.set_title(f"{model}, P = {nodes}: {title}", fontsize=9)
             ax.grid(alpha=0.3)
-        row[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        line[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_gap(gap: pd.DataFrame) -> plt.Figure:
+    rows = _rows(gap)
+    colours = _colours(gap["label"])
+    fig, axes = plt.subplots(
+        len(rows), len(GAP_PANELS), figsize=(4.6 * len(GAP_PANELS), 3.2 * len(rows)), squeeze=False
+    )
+    for line, (model, nodes) in zip(axes, rows):
+        g = gap[(gap["model"] == model) & (gap["nodes"] == nodes)]
+        for ax, (col, title, scale) in zip(line, GAP_PANELS):
+            for _, run in sorted(g.groupby("run_dir"), key=lambda kv: kv[1]["label"].iloc[0]):
+                lab = run["label"].iloc[0]
+                run = run.sort_values("iteration").dropna(subset=[col])
+                if run.empty or not (run[col] > 0).any():
+                    continue  # dense has no residual and loses nothing
+                colour = colours[lab.rsplit(" P=", 1)[0]]
+                ax.plot(run["iteration"], run[col], lw=1.0, label=lab, color=colour)
+                if col == "residual_norm":
+                    ax.fill_between(
+                        run["iteration"], run["residual_norm_min"], run["residual_norm_max"], alpha=0.2, color=colour
+                    )
+            ax.set_yscale(scale)
+            ax.set(xlabel="iteration", ylabel=col)
+            ax.set_title(f"{model}, P = {nodes}: {title}", fontsize=9)
+            ax.grid(alpha=0.3)
+        handles = {h.get_label(): h for ax in line for h in ax.get_lines()}
+        line[-1].legend(handles.values(), handles.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     return fig
 
@@ -58,25 +97,27 @@ def plot(epochs: pd.DataFrame) -> plt.Figure:
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--stem", default="fig5", help="output file name stem (default fig5)")
+    ap.add_argument(
+        "--dense-from", nargs="+", default=[], metavar="ROOT", help="folders whose dense runs join as the baseline"
+    )
     args = ap.parse_args(argv)
-    epochs = load_epochs(args.roots, args.wandb, args.wandb_group)
-    if epochs.empty:
+    if args.wandb:
+        raise SystemExit("analysis.fig5 reads run directories only (--wandb is not supported): pass their folders")
+    curves = load_curves(args.roots)
+    if args.dense_from:
+        extra = load_curves(args.dense_from)
+        curves = pd.concat([curves, extra[extra["reducer"].isin(DENSE)]], ignore_index=True) if len(extra) else curves
+    if curves.empty:
         raise SystemExit(f"no training epochs (epochs.jsonl) under {' '.join(args.roots)}")
-    epochs = labelled(epochs)
-    cols = [
-        "name",
-        "model",
-        "label",
-        "reducer",
-        "nodes",
-        "density",
-        "epoch",
-        "train_loss",
-        "test_loss",
-        "test_top1",
-        "run_dir",
-    ]
-    save(plot(epochs), epochs[cols].sort_values(["model", "label", "epoch"]), out_dir(args.roots, args.out), args.stem)
+    folder = out_dir(args.roots, args.out)
+    save(plot_curves(curves), curves.sort_values(["model", "nodes", "label", "epoch"]), folder, args.stem)
+    tab = table(curves)
+    save(None, tab, folder, f"{args.stem}_table")
+    (folder / f"{args.stem}_table.md").write_text(markdown(tab))
+    print(f"wrote {folder / f'{args.stem}_table.md'}\n\n{markdown(tab)}")
+    gap = load_gap(args.roots)
+    if not gap.empty:
+        save(plot_gap(gap), gap, folder, f"{args.stem}_gap")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The ``make reproduce-*`` targets: run the experiments, then the analysis scripts.
 
     python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [HYDRA OVERRIDES...]
-    python -m analysis.reproduce fig5 [--smoke] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce fig5 [--full] [HYDRA OVERRIDES...]
 
 Scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share one set of
 runs, ``runs/fig6_reproduce/`` by default (finished jobs are skipped, so running them one
@@ -23,9 +23,11 @@ after another measures once):
 5. ``analysis.wandb_export`` of the runs and the analysis folder: one offline wandb run per
    job and one analysis run (``WANDB_MODE`` wins when set) (``make wandb-sync`` uploads them; ``docs/wandb.md``).
 
-fig5 trains (``run.py -m``) dense, Top-k and gTop-k at rho = 0.001, then gTop-k at rho in
-{0.001, 0.0005, 0.0001}, plots both and exports them to wandb. It needs CIFAR-10 under ``data.root``;
-``--smoke`` generates a small CIFAR-10-format set and trains a few short epochs on it.
+fig5 trains (``run.py -m``) with P workers simulated in one process on the offline digits:
+quick (``experiment=fig5_quick``): dense, Top-k, gTop-k with both put-backs at rho = 0.001,
+P = 4 and 16, 45 epochs at 8 x 8; ``--full``: ``experiment=fig5_full`` (the same reducers at
+P = 4, 16, 32, the paper's 140 epochs, 32 x 32) and ``experiment=fig5_density`` (gTop-k at
+rho = 0.001, 0.0005, 0.0001). Then ``analysis.fig5`` (curves, table, gap) and the wandb export.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
-FIG5 = ["experiment=fig5_convergence", "model=resnet20", "reducer=dense,topk,gtopk"]
-DENSITY = ["experiment=density_sensitivity", "model=resnet20", "density=0.001,0.0005,0.0001"]
-SMOKE = ["nodes=2", "train.epochs=4", "train.loader_workers=0", "logger.wandb=false", "data.verify=false"]
+FIG5_QUICK = ["fig5_quick"]  # conf/experiment/: the sweep axes are in each file
+FIG5_FULL = ["fig5_full", "fig5_density"]
 SCALING_SCRIPTS = {
     "fig6": ["fig6", "table4", "breakdown", "commmodel"],  # one run, every scaling output
     "table4": ["table4"],
@@ -155,40 +156,33 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     )
 
 
-def fig5(overrides: list[str], smoke: bool) -> None:
-    """Train the convergence and density runs, then plot them."""
-    extra = list(overrides)
-    if smoke:
-        sys.path.insert(0, str(ROOT))
-        from gtopk.train.datagen import write_cifar10
-
-        data = Path("runs/fig5_smoke/data")
-        write_cifar10(data)
-        extra = SMOKE + [f"data.root={data.resolve()}"] + extra
+def fig5(overrides: list[str], full: bool) -> None:
+    """Train the Fig. 5 runs (``run.py -m``), plot them with their table and gap
+    diagnostics, export them to wandb: the quick variant, or with ``full`` the full one."""
+    t0 = time.monotonic()
     roots = []
-    for base, name in ((FIG5, "fig5_convergence"), (DENSITY, "density_sensitivity")):
-        name = f"{name}_smoke" if smoke else name
-        run([sys.executable, str(ROOT / "run.py"), "-m", *merged(base + [f"name={name}"], extra)])
-        roots.append(Path("runs") / name)
+    for experiment in FIG5_FULL if full else FIG5_QUICK:
+        run([sys.executable, str(ROOT / "run.py"), "-m", *merged([f"experiment={experiment}"], overrides)])
+        roots.append(first_job(merged([f"experiment={experiment}"], overrides))[0])
     run([sys.executable, "-m", "analysis.fig5", str(roots[0])])
-    run([sys.executable, "-m", "analysis.fig5", str(roots[1]), "--stem", "density"])
+    if full:  # gTop-k's density sensitivity, beside the dense runs of the same P
+        run([sys.executable, "-m", "analysis.fig5", str(roots[1]), "--dense-from", str(roots[0]), "--stem", "density"])
     export(*roots)
-    print(
-        f"\nfig5: outputs in {roots[0] / 'analysis'}/fig5.{{png,pdf,csv}} and "
-        f"{roots[1] / 'analysis'}/density.{{png,pdf,csv}}",
-        flush=True,
-    )
+    outputs = "fig5.{png,pdf,csv}, fig5_table.{csv,md}, fig5_gap.{png,pdf,csv}"
+    print(f"\nfig5: {time.monotonic() - t0:.0f} s. Outputs in {roots[0] / 'analysis'}/: {outputs}", flush=True)
+    if full:
+        print(f"density sensitivity: {roots[1] / 'analysis'}/density.*, density_table.*, density_gap.*", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5"]))
-    ap.add_argument("--smoke", action="store_true", help="fig5: small generated data, a few short epochs")
+    ap.add_argument("--full", action="store_true", help="fig5: the full variant (P = 4, 16, 32; three densities)")
     ap.add_argument("--netbench", default="", help='extra gtopk.perf.netbench overrides, e.g. "pingpong.reps=3"')
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
     args = ap.parse_intermixed_args(argv)
     if args.target == "fig5":
-        fig5(args.overrides, args.smoke)
+        fig5(args.overrides, args.full)
     else:
         scaling(args.target, args.overrides, shlex.split(args.netbench))
 

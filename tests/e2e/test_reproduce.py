@@ -26,11 +26,11 @@ TINY = "model=resnet20 nodes=1,2 benchmark.warmup=1 benchmark.iters=1 batch_size
 NETBENCH = "pingpong.reps=2 pingpong.sizes=[8,65536,1048576]"
 
 
-def make(target: str, runs: Path, wandb_dir: Path) -> str:
+def make(target: str, runs: Path, wandb_dir: Path, args: str = TINY) -> str:
     """``make <target>`` as a user types it (no WANDB_* setting of theirs), its wandb export in ``wandb_dir``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"WANDB_DIR": str(wandb_dir)}
     out = subprocess.run(
-        ["make", "-s", "-C", str(ROOT), target, f"ARGS=hydra.sweep.dir={runs} {TINY}", f"NETBENCH_ARGS={NETBENCH}"],
+        ["make", "-s", "-C", str(ROOT), target, f"ARGS=hydra.sweep.dir={runs} {args}", f"NETBENCH_ARGS={NETBENCH}"],
         capture_output=True,
         text=True,
         timeout=400,
@@ -87,3 +87,34 @@ def test_reproduce_fig6_smoke(tmp_path):
     row = table[(table["kind"] == "measured") & (table["nodes"] == 2)].iloc[0]
     assert row["gtopk/dense"] == pytest.approx(row["e_gtopk"] / row["e_dense"])
     assert (runs / "analysis" / "table4.md").exists()
+
+
+@pytest.mark.slow  # ~30 s; its analysis is in make test (tests/unit/test_analysis.py, hand-built records)
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_reproduce_fig5_quick_smoke(tmp_path):
+    """``make reproduce-fig5`` with its sweep cut down (P = 2, two reducers, 2 epochs of 2
+    iterations on 128 digits): simulated training, the figure, the table, the gap plot,
+    the CSVs and the offline wandb runs."""
+    runs, wandb_dir = tmp_path / "fig5", tmp_path / "wandb"
+    tiny = (
+        "nodes=2 reducer=dense,gtopk train.epochs=2 train.max_iters_per_epoch=2 data.train_size=128 data.test_size=64"
+    )
+    log = make("reproduce-fig5", runs, wandb_dir, tiny)
+    assert f"Outputs in {runs / 'analysis'}" in log
+    for name in ("fig5.png", "fig5.csv", "fig5_table.csv", "fig5_table.md", "fig5_gap.png", "fig5_gap.csv"):
+        assert (runs / "analysis" / name).stat().st_size > 0
+    jobs = sorted(p.parent for p in runs.glob("*/summary.json"))
+    assert len(jobs) == 2
+    for job in jobs:
+        cfg = yaml.safe_load((job / "config.yaml").read_text())
+        assert cfg["cluster"]["_target_"].endswith("SimulatedCluster") and cfg["data_name"] == "digits"
+        assert [e["epoch"] for e in read_jsonl(job / "epochs.jsonl")] == [0, 1]
+    table = pd.read_csv(runs / "analysis" / "fig5_table.csv").set_index("reducer")
+    assert set(table.index) == {"dense", "gtopk"} and set(table["iterations"]) == {4}
+    curves = pd.read_csv(runs / "analysis" / "fig5.csv")
+    assert len(curves) == 4 and set(curves["iterations"]) == {2, 4}
+    exported = offline_runs(wandb_dir)
+    assert len(exported) == 3 and "2 job run(s) and 1 analysis run(s) exported (offline)" in log
+    (analysis,) = [r for r in exported.values() if r.job_type == "analysis"]
+    columns, rows = analysis.table("table/fig5_table")
+    assert len(rows) == 2

@@ -183,35 +183,87 @@ def test_comm_model_check(runs):
     assert c.loc[("gtopk", 4), "t_commu_measured"] == pytest.approx(0.116 - 0.09 - 0.01)
 
 
-def write_training(root: Path, reducer: str, density: float, losses: list[float]) -> None:
-    d = root / f"reducer={reducer},density={density}"
+def write_training(root: Path, reducer: str, top1: list[float], nodes: int = 4, density: float = 0.001) -> Path:
+    """A finished-looking training run: 2 ranks' rows, 5 iterations per epoch (rank r's
+    residual norm = iteration + 1 + r, lost_l1 0.5 per rank for the sparse reducers)."""
+    d = root / f"reducer={reducer},nodes={nodes},density={density}"
     d.mkdir(parents=True)
     cfg = {
         "name": root.name,
-        "reducer": REDUCERS[reducer],
+        "reducer": {**REDUCERS[reducer], **({"density": density} if "density" in REDUCERS[reducer] else {})},
         "reducer_name": reducer,
         "model_name": "resnet20",
-        "nodes": 4,
+        "nodes": nodes,
         "density": density,
-        "data_name": "cifar10",
+        "data_name": "digits",
+        "data": {"image_size": 8},
+        "batch_size": 32,
+        "grad_accum": 1,
         "mode": "train",
     }
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    rows = [{"epoch": e, "train_loss": x, "test_loss": x + 0.1, "test_top1": 1 - x / 3} for e, x in enumerate(losses)]
+    rows = [{"epoch": e, "train_loss": 1 - a, "test_loss": 1.1 - a, "test_top1": a} for e, a in enumerate(top1)]
     (d / "epochs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sparse = reducer != "dense"
+    for rank in (0, 1):
+        its = [
+            {
+                "rank": rank,
+                "iter": it,
+                "epoch": it // 5,
+                "update_nnz": 27 if sparse else 270,
+                "residual_norm": float(it + 1 + rank) if sparse else 0.0,
+                "lost_l1": 0.5 if reducer == "gtopk" else 0.0,
+            }
+            for it in range(5 * len(top1))
+        ]
+        (d / f"iters.rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in its))
+    return d
 
 
-def test_fig5_convergence_and_density(tmp_path):
+def test_fig5_table_counts_iterations_to_99_percent_of_dense_at_the_same_p(tmp_path):
     root = tmp_path / "fig5_test"
-    write_training(root, "dense", 0.001, [2.0, 1.5, 1.2])
-    write_training(root, "gtopk", 0.001, [2.0, 1.6, 1.3])
-    write_training(root, "gtopk", 0.0001, [2.0, 1.8])  # still training: its epochs count
+    write_training(root, "dense", [0.5, 0.8, 0.9])  # final 0.9: the target is 0.891
+    write_training(root, "topk", [0.4, 0.895, 0.88])  # 0.895 >= 0.891 at the end of epoch 1: 10 iterations
+    write_training(root, "gtopk", [0.3, 0.6, 0.85])  # never
+    write_training(root, "gtopk", [0.2, 0.95], nodes=8)  # no dense run at P = 8: no target
     fig5.main([str(root)])
-    outputs_exist(root, "fig5")
-    df = csv(root, "fig5")
-    assert len(df) == 8
-    assert set(df["label"]) == {"dense P=4", "gtopk rho=0.001 P=4", "gtopk rho=0.0001 P=4"}
-    assert df[df["label"] == "gtopk rho=0.001 P=4"]["train_loss"].tolist() == [2.0, 1.6, 1.3]
+    for name in ("fig5.png", "fig5.csv", "fig5_table.csv", "fig5_table.md", "fig5_gap.png", "fig5_gap.csv"):
+        assert (root / "analysis" / name).stat().st_size > 0
+    tab = csv(root, "fig5_table").set_index("label")
+    assert tab.loc["topk rho=0.001 P=4", "iterations_to_target"] == "10"
+    assert tab.loc["topk rho=0.001 P=4", "epochs_to_target"] == "2"
+    assert tab.loc["topk rho=0.001 P=4", "target_top1"] == pytest.approx(0.891)
+    assert tab.loc["dense P=4", "iterations_to_target"] == "15"  # its own final epoch
+    assert tab.loc["gtopk rho=0.001 P=4", "iterations_to_target"] == "not reached"
+    assert tab.loc["gtopk rho=0.001 P=4", "final_top1"] == pytest.approx(0.85)
+    assert pd.isna(tab.loc["gtopk rho=0.001 P=8", "iterations_to_target"])
+    assert tab.loc["gtopk rho=0.001 P=8", "iterations"] == 10
+    md = (root / "analysis" / "fig5_table.md").read_text()
+    assert "| resnet20 | 4 | gtopk rho=0.001 P=4 | 0.850 | 0.850 | not reached | not reached |" in md
+    curves = csv(root, "fig5")
+    assert curves[curves["label"] == "topk rho=0.001 P=4"]["iterations"].tolist() == [5, 10, 15]
+    gap = csv(root, "fig5_gap").set_index(["label", "iteration"])
+    row = gap.loc[("gtopk rho=0.001 P=4", 3)]
+    assert (row["update_nnz"], row["residual_norm"], row["residual_norm_min"], row["residual_norm_max"]) == (
+        27,
+        4.5,
+        4,
+        5,
+    )
+    assert row["lost_l1"] == pytest.approx(1.0)  # summed over the two ranks
+    assert gap.loc[("topk rho=0.001 P=4", 3), "lost_l1"] == 0.0
+
+
+def test_fig5_density_takes_the_dense_baseline_from_another_folder(tmp_path):
+    full, density = tmp_path / "full", tmp_path / "density"
+    write_training(full, "dense", [0.5, 0.9])
+    write_training(full, "topk", [0.5, 0.9])  # not dense: stays out
+    write_training(density, "gtopk", [0.3, 0.892], density=0.0005)
+    fig5.main([str(density), "--dense-from", str(full), "--stem", "density"])
+    tab = csv(density, "density_table").set_index("label")
+    assert set(tab.index) == {"dense P=4", "gtopk rho=0.0005 P=4"}
+    assert str(tab.loc["gtopk rho=0.0005 P=4", "iterations_to_target"]) == "10"
 
 
 def test_wandb_runs_join_without_duplicates(runs):
