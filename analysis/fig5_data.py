@@ -73,7 +73,7 @@ def table(curves: pd.DataFrame, relative: float = 0.99) -> pd.DataFrame:
     iterations and epochs to reach it (``not reached`` where no epoch did; empty where
     there is no dense run to compare with)."""
     out = []
-    keys = ["model", "data", "image_size", "batch", "nodes"]
+    keys = ["model", "data", "image_size", "nodes", "batch"]
     for _, group in curves.groupby(keys, sort=True, dropna=False):
         runs = {rd: run.sort_values("epoch") for rd, run in group.groupby("run_dir", sort=False)}
         dense = [run.iloc[-1]["test_top1"] for run in runs.values() if run.iloc[-1]["reducer"] in DENSE]
