@@ -14,7 +14,7 @@ FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lint format test test-all test-slow bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff
+.PHONY: help setup lint format test test-all test-slow bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -89,9 +89,13 @@ reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
 	$(REPRODUCE) fig5 $(if $(FULL),--full) $(ARGS)
 
+validate-model: setup  ## The performance model against measurement: every reducer, P=1..8, emulated 100 Mbit/s and 1 Gbit/s (docs/payoff.md)
+	$(REPRODUCE) validate --netbench "$(NETBENCH_ARGS)" $(ARGS)
+
 # payoff: PAYOFF_RUNS = folders of training runs (default: those of make reproduce-fig5 that exist),
-# NETWORK = network profile(s) (default runs/fig6_reproduce/net/*/profile.json), TARGET_ACC = absolute
-# top-1 target(s), PAYOFF_ARGS = other options of analysis.payoff (--borrow, --compute, --bench, --out).
+# NETWORK = network profile(s) (default: those of runs/fig6_reproduce and runs/model_validation, one per
+# cluster setting; none yet: this machine's emulated 1 Gbit/s network is calibrated first), TARGET_ACC =
+# absolute top-1 target(s), PAYOFF_ARGS = other options of analysis.payoff (--borrow, --compute, --bench, --out).
 PAYOFF_RUNS ?= $(wildcard runs/fig5_quick)
 NETWORK ?=
 TARGET_ACC ?=

@@ -19,6 +19,7 @@ payoff_verdicts.txt into ``<first RUN>/analysis/`` (or --out). See docs/payoff.m
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -36,7 +37,9 @@ from gtopk.perf.model import NetworkProfile
 from gtopk.train.compute import LOCAL_PROFILE
 
 NODES = tuple(2**i for i in range(11))  # 1 .. 1024
-DEFAULT_PROFILES = "runs/fig6_reproduce/net/*/profile.json"
+#: this machine's runs: make reproduce-fig6's (1 Gbit/s), make validate-model's (100 Mbit/s and 1 Gbit/s)
+DEFAULT_RUNS = ("runs/fig6_reproduce", "runs/model_validation")
+DEFAULT_PROFILES = tuple(f"{r}/net/*/profile.json" for r in DEFAULT_RUNS)
 
 
 def donor(P: int, trained: Sequence[int], borrow: bool) -> int | None:
@@ -197,17 +200,19 @@ def payoff_table(
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     """The command line, checked (one-line errors naming the option and the fix)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="folders holding the training runs (e.g. runs/fig5_convergence)")
+    ap.add_argument("runs", nargs="+", help="folders holding the training runs (e.g. runs/fig5_quick)")
     ap.add_argument(
         "--network",
         action="append",
-        help=f"network profile(s) (netbench profile.json, or `paper`); default {DEFAULT_PROFILES}",
+        help=f"network profile(s) (netbench profile.json, or `paper`); default {', '.join(DEFAULT_PROFILES)}, "
+        "calibrated first (reproduce-fig6's netbench step) when none exists",
     )
     ap.add_argument(
         "--bench",
         action="append",
         help="folders of benchmark jobs whose t_iter counts as measured "
-        "(default: the folder two levels above each network profile, e.g. runs/fig6_reproduce)",
+        "(default: the folder two levels above each network profile, e.g. runs/fig6_reproduce, "
+        f"and those of {', '.join(DEFAULT_RUNS)} that exist)",
     )
     ap.add_argument(
         "--compute",
@@ -233,15 +238,29 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         if not 0 < acc <= 1:
             raise SystemExit(f"--target-acc/--relative {acc} is outside (0, 1]; give a top-1 fraction, e.g. 0.95")
     if not args.network:
-        args.network = [str(p) for p in sorted(Path().glob(DEFAULT_PROFILES))]
-        if not args.network:
-            raise SystemExit(f"no network profile ({DEFAULT_PROFILES}): run `make reproduce-fig6` or pass --network")
-    if args.bench is None:
-        args.bench = sorted(
-            {str(Path(n).parents[2]) for n in args.network if n != "paper" and len(Path(n).parents) > 2}
-        )
+        args.network = default_profiles()
+    if args.bench is None:  # the jobs measured on each profile's network, and make validate-model's
+        near = {str(Path(n).parents[2]) for n in args.network if n != "paper" and len(Path(n).parents) > 2}
+        args.bench = sorted(near | {r for r in DEFAULT_RUNS if Path(r).is_dir()})
     args.compute = args.compute or ["p102"] + (["local"] if LOCAL_PROFILE.exists() else [])
     return args
+
+
+def default_profiles() -> list[str]:
+    """This machine's calibrated profiles, one per cluster setting (reproduce-fig6's first);
+    when there is none, calibrate the emulated 1 Gbit/s network as ``make reproduce-fig6``
+    does (its folder, so that reproduce-fig6 reuses it; loopback with a warning where
+    namespaces cannot be built)."""
+    found: dict[str, str] = {}
+    for p in (p for pattern in DEFAULT_PROFILES for p in sorted(Path().glob(pattern))):
+        found.setdefault(json.dumps(NetworkProfile.load(p).cluster, sort_keys=True), str(p))
+    if found:
+        return list(found.values())
+    from analysis.reproduce import DEFAULTS, calibrate, merged, pick_cluster
+
+    print("no calibrated network profile yet: calibrating this machine's emulated network first", flush=True)
+    _, net = calibrate(pick_cluster(merged(DEFAULTS, [])), [])
+    return [str(net / "profile.json")]
 
 
 def main(argv: list[str] | None = None) -> None:

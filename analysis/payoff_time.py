@@ -186,6 +186,31 @@ class IterTimes:
             return reducer.fallback, "training run"
         return None
 
+    def modelled(
+        self,
+        model: str,
+        params: int,
+        reducer: Reducer,
+        P: int,
+        batch: int,
+        accum: int,
+        net: Net,
+        compute: ComputeProfile,
+    ) -> tuple[dict | None, str]:
+        """The model's prediction at P, never a measurement (``predict_iter``'s t_commu and
+        t_iter, with the local times it used: t_data, t_compute, t_compr, t_update), and
+        where its inputs came from; (None, why) when it cannot predict."""
+        t_compute = compute.t_compute(model, batch, accum)
+        if t_compute is None:
+            return None, f"{compute.name} has no compute time for {model} b{batch}x{accum}"
+        over = self.overheads(model, reducer)
+        if over is None:
+            return None, f"no benchmark job or training steps of {reducer.label} for its overheads"
+        local, where = over
+        local = {**local, "t_compute": t_compute}
+        pred = predict_iter(reducer.cfg, P, params, net.profile.network, local, batch * accum)
+        return {**local, **pred}, f"t_compute {compute.name}, overheads {where}"
+
     def t_iter(
         self,
         model: str,
@@ -201,14 +226,5 @@ class IterTimes:
         t = self.measured(model, reducer.cfg, P, batch, accum, net, compute)
         if t is not None:
             return t, "measured", "benchmark job"
-        t_compute = compute.t_compute(model, batch, accum)
-        if t_compute is None:
-            return None, "none", f"{compute.name} has no compute time for {model} b{batch}x{accum}"
-        over = self.overheads(model, reducer)
-        if over is None:
-            return None, "none", f"no benchmark job or training steps of {reducer.label} for its overheads"
-        local, where = over
-        pred = predict_iter(
-            reducer.cfg, P, params, net.profile.network, {**local, "t_compute": t_compute}, batch * accum
-        )
-        return pred["t_iter"], "modelled", f"t_compute {compute.name}, overheads {where}"
+        pred, detail = self.modelled(model, params, reducer, P, batch, accum, net, compute)
+        return (None, "none", detail) if pred is None else (pred["t_iter"], "modelled", detail)

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 MODELS = {"resnet20": "ResNet-20", "vgg16": "VGG-16", "alexnet": "AlexNet", "resnet50": "ResNet-50"}
-REDUCERS = {"gtopk": "gTop-k", "topk": "Top-k", "dense": "dense", "ddp": "DDP"}
+REDUCERS = {"gtopk": "gTop-k", "gtopk_exact": "gTop-k exact", "topk": "Top-k", "dense": "dense", "ddp": "DDP"}
 BASELINE = "ddp"
 SETUP = ["model", "data", "batch_per_worker", "grad_accum"]
 CELL = SETUP + ["density", "nodes", "network", "compute_profile", "target"]

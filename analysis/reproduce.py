@@ -2,6 +2,7 @@
 
     python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [HYDRA OVERRIDES...]
     python -m analysis.reproduce fig5 [--full] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
 
 Scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share one set of
 runs, ``runs/fig6_reproduce/`` by default (finished jobs are skipped, so running them one
@@ -28,6 +29,12 @@ quick (``experiment=fig5_quick``): dense, Top-k, gTop-k with both put-backs at r
 P = 4 and 16, 45 epochs at 8 x 8; ``--full``: ``experiment=fig5_full`` (the same reducers at
 P = 4, 16, 32, the paper's 140 epochs, 32 x 32) and ``experiment=fig5_density`` (gTop-k at
 rho = 0.001, 0.0005, 0.0001). Then ``analysis.fig5`` (curves, table, gap) and the wandb export.
+
+validate (``make validate-model``) checks the performance model that ``make payoff`` uses
+where nothing was measured: the netbench step at each bandwidth of
+``conf/experiment/model_validation.yaml`` (emulated cluster only), ``run.py -m
+experiment=model_validation``, then ``analysis.validate`` (predicted against measured t_iter)
+and the wandb export, all in ``runs/model_validation/``.
 """
 
 from __future__ import annotations
@@ -106,6 +113,15 @@ def cluster_args(cluster_name: str, cluster_cfg: dict) -> tuple[list[str], str]:
     return args, "_".join([cluster_name] + [f"{k}-{v}" for k, v in settings.items()])
 
 
+def first_values(overrides: list[str]) -> list[str]:
+    """``overrides`` with each sweep at its first value (what the sweep's first job gets)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [
+        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else text
+        for text, o in zip(overrides, parsed)
+    ]
+
+
 def first_job(overrides: list[str]) -> tuple[Path, str, dict]:
     """The sweep directory, cluster name and cluster settings of the first job that
     ``run.py -m *overrides`` runs (each sweep override at its first value)."""
@@ -113,21 +129,16 @@ def first_job(overrides: list[str]) -> tuple[Path, str, dict]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    first = [
-        f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else text
-        for text, o in zip(overrides, parsed)
-    ]
+    first = first_values(overrides)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         full = compose("config", overrides=first, return_hydra_config=True)
         HydraConfig.instance().set_config(full)  # for ${hydra:runtime.choices.cluster}
         return Path(full.hydra.sweep.dir), full.cluster_name, OmegaConf.to_container(full.cluster, resolve=True)
 
 
-def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
-    """Steps 1-4 of the module docstring for a scaling target."""
-    t0 = time.monotonic()
-    overrides = pick_cluster(merged(DEFAULTS, overrides))
+def calibrate(overrides: list[str], netbench: list[str]) -> tuple[Path, Path]:
+    """(the sweep directory, the folder of its network profile): ``gtopk.perf.netbench``
+    ping-pong on the cluster of the sweep's first job, measured once per cluster setting."""
     runs, cluster_name, cluster_cfg = first_job(overrides)
     nb_args, nb_name = cluster_args(cluster_name, cluster_cfg)
     net = runs / "net" / nb_name
@@ -144,6 +155,57 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
                 *netbench,
             ]
         )
+    return runs, net
+
+
+def axis(overrides: list[str], key: str) -> list[str]:
+    """The values ``run.py -m *overrides`` sweeps ``key`` over: the command line's, else the
+    experiment's ``hydra.sweeper.params``, else the single composed value."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    parser = OverridesParser.create()
+    given = [o for o in parser.parse_overrides(overrides) if o.key_or_group == key]
+    if not given:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            full = compose("config", overrides=first_values(overrides), return_hydra_config=True)
+        params = full.hydra.sweeper.params or {}
+        if key not in params:
+            return [str(OmegaConf.select(full, key))]
+        given = parser.parse_overrides([f"{key}={params[key]}"])
+    o = given[0]
+    return list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+
+
+def validate(overrides: list[str], netbench: list[str]) -> None:
+    """The performance model against measurement (``experiment=model_validation``): a
+    calibration at each bandwidth of the sweep, the sweep, then ``analysis.validate`` with
+    every profile, and the wandb export."""
+    from gtopk.run.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None and "cluster" not in keys(overrides):
+        raise SystemExit(f"validate-model needs the emulated cluster (its bandwidths are the point): {reason}")
+    t0 = time.monotonic()
+    overrides = merged(["experiment=model_validation"], overrides)
+    profiles, runs = [], Path()
+    for bandwidth in axis(overrides, "cluster.bandwidth"):
+        at = [o for o in overrides if "cluster.bandwidth" not in keys([o])] + [f"cluster.bandwidth={bandwidth}"]
+        runs, net = calibrate(at, netbench)
+        profiles += ["--network", str(net / "profile.json")]
+    run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
+    run([sys.executable, "-m", "analysis.validate", str(runs), *profiles])
+    export(runs)
+    print(
+        f"\nvalidate: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: validation.{{csv,md}}", flush=True
+    )
+
+
+def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
+    """Steps 1-4 of the module docstring for a scaling target."""
+    t0 = time.monotonic()
+    overrides = pick_cluster(merged(DEFAULTS, overrides))
+    runs, net = calibrate(overrides, netbench)
     run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
     for script in SCALING_SCRIPTS[target]:
         run([sys.executable, "-m", f"analysis.{script}", str(runs), "--network", str(net / "profile.json")])
@@ -176,13 +238,15 @@ def fig5(overrides: list[str], full: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5"]))
+    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate"]))
     ap.add_argument("--full", action="store_true", help="fig5: the full variant (P = 4, 16, 32; three densities)")
     ap.add_argument("--netbench", default="", help='extra gtopk.perf.netbench overrides, e.g. "pingpong.reps=3"')
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
     args = ap.parse_intermixed_args(argv)
     if args.target == "fig5":
         fig5(args.overrides, args.full)
+    elif args.target == "validate":
+        validate(args.overrides, shlex.split(args.netbench))
     else:
         scaling(args.target, args.overrides, shlex.split(args.netbench))
 

@@ -19,7 +19,9 @@ from tests.config import options
 def test_every_experiment_composes(compose, experiment):
     cfg = compose([f"experiment={experiment}"])
     assert cfg.name == ("default" if experiment == "quick" else experiment)
-    if experiment != "quick":  # the paper's per-worker batch, not the quick demo's
+    if experiment == "model_validation":  # the quick Fig. 5 runs' batch at P = 4: payoff's measured t_iter
+        assert cfg.batch_size == compose(["experiment=fig5_quick", "nodes=4"]).batch_size
+    elif experiment != "quick":  # the paper's per-worker batch, not the quick demo's
         assert cfg.batch_size == cfg.model.batch_size[cfg.mode]
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from analysis import payoff
 from analysis.payoff_runs import iterations_by_epoch, iterations_to, load_train_runs
-from tests.wandb_records import timing_row, write_job
+from gtopk.perf.model import NetworkProfile
+from tests.wandb_records import PAYOFF, timing_row, write_job
 
 PER_EPOCH = 10  # iterations per epoch in every training run below
 M = 1_000_000  # parameters (the summaries say so)
@@ -28,6 +29,7 @@ CURVES = {
 TRAIN_T_ITER = 0.2  # t_iter of the training runs' own steps (0.6 in epoch 0, at the warm-up density)
 ALPHA, BETA = 1e-3, 8e-9  # the profile: 1 ms per message, 1 Gbit/s
 CLUSTER = {"cluster": "emulated", "bandwidth": "1gbit"}
+SLOW = {"cluster": "emulated", "bandwidth": "100mbit"}  # a second calibrated network: 0.1 Gbit/s
 IMAGES_PER_S = 320.0  # local compute profile of resnet20 at batch 32: t_compute = 32 / 320 = 0.1 s
 # benchmark jobs at P = 1 (t_data 0, t_compute 0.2, t_commu 0.001): t_compr and t_iter
 BENCH_P1 = {"gtopk": (0.01, 0.215), "dense": (0.0, 0.204), "ddp": (0.0, 0.203)}  # rest: 0.005, 0.004, 0.003
@@ -54,12 +56,14 @@ def train_job(root: Path, reducer: str, P: int, density: float = 0.001, curve: l
     write_job(root / f"reducer={reducer},nodes={P},density={density}", over, rows, summary, epochs)
 
 
-def bench_job(root: Path, reducer: str, P: int, t_compr: float, t_iter: float, profile: Path) -> None:
+def bench_job(
+    root: Path, reducer: str, P: int, t_compr: float, t_iter: float, profile: Path, cluster: dict = CLUSTER
+) -> None:
     over = ["experiment=fig6_reproduce", f"reducer={reducer}", f"nodes={P}", f"compute.profile={profile}"]
     summary = {
         "mode": "benchmark", "model": "resnet20", "reducer": reducer, "nodes": P, "params": M,
         "batch_per_worker": 32, "grad_accum_steps": 1, "t_data": 0.0, "t_compute": 0.2, "t_compr": t_compr,
-        "t_commu": 0.001, "t_iter": t_iter, "compute": "replay", "compute_profile": str(profile), **CLUSTER,
+        "t_commu": 0.001, "t_iter": t_iter, "compute": "replay", "compute_profile": str(profile), **cluster,
     }  # fmt: skip
     write_job(root / f"reducer={reducer},nodes={P}", over, {}, summary)
 
@@ -114,6 +118,7 @@ def test_iterations_to_target_from_the_curves(records):
 
 def test_time_arithmetic_sources_and_marks(records):
     df = run_payoff(records)
+    assert list(df.columns) == PAYOFF[0]  # the wandb export tests' payoff.csv has this header
     cal, sweep = "emulated (1 Gbit/s)", "1 Gbit/s"
     k_bytes = 1000 * 8  # k = 0.001 * M entries of int32 index + float32 value
     gtopk_p4 = 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + 0.01 + 0.005  # compute + tree up/down x log2 4 + compr + rest
@@ -191,7 +196,41 @@ def test_borrowed_iterations_are_marked(records):
     assert one(df, "gtopk", 1, "1 Gbit/s")["iterations_from_nodes"] == 2  # 1 is nearer 2 than 4 in log2 P
 
 
-def test_no_network_profile_is_a_one_line_error(records, monkeypatch):
-    monkeypatch.chdir(records["runs"])
-    with pytest.raises(SystemExit, match=r"run `make reproduce-fig6` or pass --network"):
-        payoff.main([str(records["runs"])])
+def test_default_profiles_one_per_cluster_and_validation_jobs_count_as_measured(records, monkeypatch, capsys):
+    """With no --network, the profiles under runs/fig6_reproduce and runs/model_validation,
+    one per cluster setting (fig6's first); the default --bench takes runs/model_validation."""
+    monkeypatch.chdir(records["out"].parent)
+    fig6 = Path("runs/fig6_reproduce/net/emulated_1gbit/profile.json")
+    same = Path("runs/model_validation/net/emulated_1gbit/profile.json")  # the same cluster again
+    slow = Path("runs/model_validation/net/emulated_100mbit/profile.json")
+    for path, beta, cluster in ((fig6, BETA, CLUSTER), (same, 2 * BETA, CLUSTER), (slow, 80e-9, SLOW)):
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"alpha": ALPHA, "beta": beta, "name": "emulated", "cluster": cluster}))
+    bench_job(Path("runs/model_validation"), "gtopk", 4, 0.01, 0.4, records["local"], SLOW)
+    assert payoff.default_profiles() == [str(fig6), str(slow)]
+    payoff.main([str(records["runs"]), "--compute", str(records["local"]), "--out", "out"])
+    df = pd.read_csv("out/payoff.csv")
+    assert sorted(df.loc[df["calibrated"], "network"].unique()) == ["emulated (0.1 Gbit/s)", "emulated (1 Gbit/s)"]
+    row = one(df, "gtopk", 4, "emulated (0.1 Gbit/s)")
+    assert (row["t_iter"], row["t_iter_source"]) == (0.4, "measured")
+
+
+def test_no_network_profile_calibrates_this_machines_cluster(records, monkeypatch, capsys):
+    """No profile anywhere: the netbench step of make reproduce-fig6 runs first (here a
+    stand-in that writes the profile it would, so that the test needs no root or network)."""
+    from analysis import reproduce
+
+    monkeypatch.chdir(records["out"].parent)
+    calls = []
+
+    def netbench(overrides: list[str], extra: list[str]) -> tuple[Path, Path]:
+        calls.append(overrides)
+        net = Path("runs/fig6_reproduce/net/here")
+        NetworkProfile(alpha=ALPHA, beta=BETA, name="here", cluster=CLUSTER).save(net / "profile.json")
+        return Path("runs/fig6_reproduce"), net
+
+    monkeypatch.setattr(reproduce, "calibrate", netbench)
+    payoff.main([str(records["runs"]), "--compute", str(records["local"]), "--out", "out"])
+    assert len(calls) == 1 and "experiment=fig6_reproduce" in calls[0]
+    assert "calibrating this machine's emulated network first" in capsys.readouterr().out
+    assert "here (1 Gbit/s)" in set(pd.read_csv("out/payoff.csv")["network"])
