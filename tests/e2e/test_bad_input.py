@@ -100,7 +100,7 @@ SLOW_TWINS = [
 @pytest.mark.parametrize(
     "args,fragments",
     [
-        (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, topk"]),
+        (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, gtopk_exact, topk"]),
         *SLOW_TWINS,
         (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
     ],
