@@ -34,6 +34,12 @@ from gtopk.train.compute import LOCAL_PROFILE
 SWEEP_GBPS = (0.1, 1.0, 10.0, 100.0)
 
 
+def ran_on(summary: dict, cluster: dict) -> bool:
+    """Whether a job (its summary) ran on the cluster of a network profile: every setting of
+    the profile's ``cluster`` equal in the summary."""
+    return all(k in summary and summary[k] == v for k, v in cluster.items())
+
+
 @dataclass(frozen=True)
 class Net:
     """One network of the analysis: a calibrated profile, or a point of the sweep."""
@@ -161,7 +167,7 @@ class IterTimes:
             and int(s["batch_per_worker"]) == batch
             and int(s.get("grad_accum_steps", 1)) == accum
             and compute.ran(s)
-            and all(k in s and s[k] == v for k, v in net.cluster.items())
+            and ran_on(s, net.cluster)
         ]
         return statistics.median(ts) if ts else None
 

@@ -23,7 +23,7 @@ import pandas as pd
 from hydra.utils import get_class
 
 from analysis.payoff_runs import reducer_label
-from analysis.payoff_time import IterTimes, Net, Reducer, compute_profile
+from analysis.payoff_time import IterTimes, Net, Reducer, compute_profile, ran_on
 from gtopk.perf.model import NetworkProfile
 from gtopk.records.rundir import finished
 
@@ -32,7 +32,7 @@ KEYS = ["bandwidth", "model", "nodes", "reducer"]
 
 def net_of(summary: dict, profiles: list[NetworkProfile]) -> Net | None:
     """The profile (as payoff's ``Net``) whose every cluster setting the job's summary has."""
-    prof = next((p for p in profiles if all(k in summary and summary[k] == v for k, v in p.cluster.items())), None)
+    prof = next((p for p in profiles if ran_on(summary, p.cluster)), None)
     return None if prof is None else Net(prof.name, prof.alpha, prof.beta, True, dict(prof.cluster))
 
 
