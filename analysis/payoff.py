@@ -34,7 +34,7 @@ from analysis.payoff_runs import CONF, DENSE, Target, TrainRun, iterations_to, l
 from analysis.payoff_time import ComputeProfile, IterTimes, Net, Reducer, compute_profile, networks
 from analysis.payoff_verdict import BASELINE, CELL, SETUP, fastest, verdicts
 from gtopk.perf.model import NetworkProfile
-from gtopk.train.compute import LOCAL_PROFILE
+from gtopk.records.profiles import LOCAL_PROFILE
 
 NODES = tuple(2**i for i in range(11))  # 1 .. 1024
 #: this machine's runs: make reproduce-fig6's (1 Gbit/s), make validate-model's (100 Mbit/s and 1 Gbit/s)

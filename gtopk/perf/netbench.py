@@ -37,7 +37,7 @@ from gtopk.reducers.wire import PointToPoint
 from gtopk.run import runner
 from gtopk.run.job import resolve_backend, torchrun_world
 from gtopk.run.runner import GroupSpec, run_on_cluster
-from gtopk.run.spawn import join_group
+from gtopk.run.world import join_group
 
 
 def device() -> torch.device:

@@ -31,7 +31,7 @@ import torch
 from hydra.utils import instantiate
 
 from gtopk.reducers import validate_density
-from gtopk.run.spawn import listen
+from gtopk.run.world import listen
 from gtopk.train.faults import NONFINITE, FaultSpec
 
 MODES = ("benchmark", "train")

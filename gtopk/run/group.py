@@ -48,8 +48,8 @@ import torch.multiprocessing as mp
 
 from gtopk import host
 from gtopk.run.cluster.base import Placement
-from gtopk.run.spawn import WorkerError, join_group, listen, threads_per_worker
 from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
+from gtopk.run.world import WorkerError, join_group, listen, threads_per_worker
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,7 @@ from gtopk.run.jobs import (
 )
 from gtopk.run.localprofile import measure_local
 from gtopk.run.runner import GroupSpec, run_on_cluster
-from gtopk.run.spawn import PortInUse, WorkerError, join_group
+from gtopk.run.world import PortInUse, WorkerError, join_group
 from gtopk.train.compute import MissingLocalProfile, ProfileError
 from gtopk.train.data import DataError
 from gtopk.train.loop import run_worker

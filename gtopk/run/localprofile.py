@@ -12,8 +12,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from gtopk.records import profiles
 from gtopk.run.runner import GroupSpec, run_on_cluster
-from gtopk.run.spawn import threads_per_worker
+from gtopk.run.world import threads_per_worker
 from gtopk.train import compute
 from gtopk.train.loop import run_worker
 
@@ -25,8 +26,8 @@ BENCHMARK = {"warmup": 2, "iters": 5}
 def measure_local(cfg: Any) -> dict:
     """Measure ``cfg``'s model, batch and device at P = 1 (cores / 1 intra-op threads, the
     default of a single worker) and add the entry to the local profile; returns it."""
-    key = compute.profile_key(cfg)
-    run_dir = compute.LOCAL_PROFILE.parent / "local" / key.replace("/", "_")
+    key = profiles.profile_key(cfg)
+    run_dir = profiles.LOCAL_PROFILE.parent / "local" / key.replace("/", "_")
     run_dir.mkdir(parents=True, exist_ok=True)
     job = OmegaConf.to_container(cfg, resolve=True)
     job.update(
@@ -38,7 +39,7 @@ def measure_local(cfg: Any) -> dict:
         benchmark=BENCHMARK,
         cluster=LOCAL_CLUSTER,
     )
-    print(f"compute.profile=local: measuring {key} at P = 1 -> {compute.LOCAL_PROFILE}", flush=True)
+    print(f"compute.profile=local: measuring {key} at P = 1 -> {profiles.LOCAL_PROFILE}", flush=True)
     spec = GroupSpec(1, "gloo", threads_per_worker(1), str(cfg.device), json.dumps(LOCAL_CLUSTER, sort_keys=True))
     summary = run_on_cluster(spec, run_worker, (job, str(run_dir)), timeout=float(cfg.timeout_s))[0]
     images = compute.images_per_step(cfg)
@@ -51,5 +52,5 @@ def measure_local(cfg: Any) -> dict:
         "run_dir": str(run_dir),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    compute.save_local_entry(key, entry)
+    profiles.save_local_entry(key, entry)
     return entry

@@ -29,7 +29,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.run.group import WorkerGroup
-from gtopk.run.spawn import threads_per_worker
+from gtopk.run.world import threads_per_worker
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,6 @@ Replay is for throughput benchmarks only (there is no real loss to train on).
 
 from __future__ import annotations
 
-import fcntl
-import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -32,14 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from gtopk.paper import single_node_throughput
-from gtopk.records.rundir import write_json_atomic
+from gtopk.records import profiles
+from gtopk.records.profiles import ProfileError, profile_key, read_profile
 from gtopk.train.replay_backward import replay_backward
-
-LOCAL_PROFILE = Path("runs/profiles/local.json")
-
-
-class ProfileError(ValueError):
-    """A replay profile cannot give t_compute for this job; the message says why and how."""
 
 
 class MissingLocalProfile(ProfileError):
@@ -199,9 +192,9 @@ def profile_t_compute(profile: str, cfg: Any) -> float:
                 f"(it has {', '.join(sorted(table))}); use compute.profile=local"
             )
         return images / table[model]
-    path = LOCAL_PROFILE if profile == "local" else Path(profile)
+    path = profiles.LOCAL_PROFILE if profile == "local" else Path(profile)
     key = profile_key(cfg)
-    entry = _read_profile(path).get(key)
+    entry = read_profile(path).get(key)
     if entry is None and profile == "local":
         raise MissingLocalProfile(
             f"compute.profile=local: {path} has no entry {key!r}; run.py measures it at P = 1 before the job starts",
@@ -213,26 +206,3 @@ def profile_t_compute(profile: str, cfg: Any) -> float:
             "use compute.profile=local to measure it on this machine"
         )
     return images / float(entry["images_per_s"])
-
-
-def profile_key(cfg: Any) -> str:
-    return f"{cfg.model_name}/b{cfg.batch_size}x{cfg.grad_accum}/{cfg.device}"
-
-
-def _read_profile(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"compute profile {path} is not valid JSON ({e}); delete it to re-measure") from None
-
-
-def save_local_entry(key: str, entry: dict) -> None:
-    """Add ``entry`` (a measurement at P = 1, made by ``gtopk.run.localprofile``) to the
-    local profile under ``key`` (read-modify-write under a lock: concurrent jobs)."""
-    with open(LOCAL_PROFILE.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        table = _read_profile(LOCAL_PROFILE)
-        table[key] = entry
-        write_json_atomic(LOCAL_PROFILE, table)

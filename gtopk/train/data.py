@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import CIFAR10
 
 from gtopk.host import die_with_parent
+from gtopk.train.batch import SyntheticBatch, collate
 
 CIFAR_MEAN, CIFAR_STD = (0.491, 0.482, 0.447), (0.247, 0.243, 0.262)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -92,29 +92,6 @@ class SyntheticDataset(Dataset):
         return SyntheticBatch(
             torch.from_numpy(self.images.numpy()[index]), torch.from_numpy(self.labels.numpy()[index])
         )
-
-
-class SyntheticBatch(Sequence):
-    """What ``SyntheticDataset.__getitems__`` returns: the samples (image, label) of one
-    batch, for any collate_fn, over the batch's two stacked tensors (``images``, ``labels``)."""
-
-    def __init__(self, images: Tensor, labels: Tensor):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, k: int):
-        return self.images[k], int(self.labels[k])
-
-
-def collate(batch):
-    """``build_loader``'s collate_fn: a ``SyntheticBatch`` as its stacked ``[images, labels]``
-    (what ``default_collate`` would build from its samples, without the copy per sample);
-    anything else through ``default_collate``."""
-    if isinstance(batch, SyntheticBatch):
-        return [batch.images, batch.labels]
-    return default_collate(batch)
 
 
 class DataSource:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from gtopk.train.data import SyntheticBatch
+from gtopk.train.batch import SyntheticBatch
 
 TRAIN_ROWS = 1437  # the first rows; the remaining 360 are the test split
 ROWS = 1797
@@ -62,7 +62,7 @@ class DigitsDataset(Dataset):
 
     ``__getitems__`` (DataLoader batches) draws one offset pair per image from the torch
     RNG, in order, and returns the batch already stacked (a ``SyntheticBatch``, which
-    ``gtopk.train.data.collate`` passes on as ``[images, labels]``).
+    ``gtopk.train.batch.collate`` passes on as ``[images, labels]``).
     """
 
     def __init__(self, images: Tensor, labels: Tensor, mean: Tensor, std: Tensor, shift: int = 0):

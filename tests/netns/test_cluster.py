@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gtopk.perf import model as perfmodel
+from gtopk.records import profiles
 from gtopk.reducers.costmodel import Network
 from gtopk.run.cluster import ClusterError, EmulatedCluster, netns
 from gtopk.run.cluster.emulated import rate_bits_per_s
@@ -254,7 +255,7 @@ def test_local_profile_is_measured_once_at_p1_and_cached(tmp_path, monkeypatch, 
 
     from gtopk.run import job
 
-    monkeypatch.setattr(compute, "LOCAL_PROFILE", tmp_path / "profiles" / "local.json")
+    monkeypatch.setattr(profiles, "LOCAL_PROFILE", tmp_path / "profiles" / "local.json")
     overrides = ["compute=replay", "compute.profile=local", "batch_size=4", "logger.wandb=false", "nodes=4"]
     cfg = compose(overrides)
     with pytest.raises(compute.MissingLocalProfile):
