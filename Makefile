@@ -68,10 +68,10 @@ ENTITY ?=
 EXPERIMENT ?=
 
 wandb-export: setup  ## Finished jobs + analysis outputs under RUNS (default runs/) -> wandb runs (offline unless logged in)
-	$(PY) -m analysis.wandb_export $(RUNS) $(if $(PROJECT),--project "$(PROJECT)") $(if $(ENTITY),--entity "$(ENTITY)")
+	$(PY) -m analysis.wandb.export $(RUNS) $(if $(PROJECT),--project "$(PROJECT)") $(if $(ENTITY),--entity "$(ENTITY)")
 
 wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJECT=... [EXPERIMENT=...]
-	$(PY) -m analysis.wandb_report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
+	$(PY) -m analysis.wandb.report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
 
 reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
 	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" $(ARGS)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.wandb_export import run_id
+from analysis.wandb.runs import run_id
 from gtopk.records.rundir import RunDir, finished, read_jsonl, run_dirs
 
 ENV_KEYS = ("cpu", "host", "git_commit")
@@ -125,7 +125,7 @@ def wandb_rows(runs: Iterable[Any]) -> tuple[list[dict], list[dict]]:
     jobs, epochs = [], []
     for run in runs:
         cfg, summary = dict(run.config), dict(run.summary)
-        cfg = cfg.get("resolved") or cfg  # analysis.wandb_export keeps the job's config there
+        cfg = cfg.get("resolved") or cfg  # analysis.wandb.export keeps the job's config there
         where = "wandb:" + "/".join(run.path)
         if "images_per_s_per_worker" in summary and "batch_per_worker" in summary:
             jobs.append(job_row(summary, cfg, where, "wandb", run.id))

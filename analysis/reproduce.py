@@ -21,19 +21,19 @@ after another measures once):
    job fails the target with the list of failed jobs (finished ones are kept, and a re-run
    retries only the others);
 4. the analysis scripts with that profile (modelled extension to P = 16 and 32);
-5. ``analysis.wandb_export`` of the runs and the analysis folder: one offline wandb run per
+5. ``analysis.wandb.export`` of the runs and the analysis folder: one offline wandb run per
    job and one analysis run (``WANDB_MODE`` wins when set) (``make wandb-sync`` uploads them; ``docs/wandb.md``).
 
 fig5 trains (``run.py -m``) with P workers simulated in one process on the offline digits:
 quick (``experiment=fig5_quick``): dense, Top-k, gTop-k with both put-backs at rho = 0.001,
 P = 4 and 16, 45 epochs at 8 x 8; ``--full``: ``experiment=fig5_full`` (the same reducers at
 P = 4, 16, 32, the paper's 140 epochs, 32 x 32) and ``experiment=fig5_density`` (gTop-k at
-rho = 0.001, 0.0005, 0.0001). Then ``analysis.fig5`` (curves, table, gap) and the wandb export.
+rho = 0.001, 0.0005, 0.0001). Then ``analysis.figures.fig5`` (curves, table, gap) and the wandb export.
 
 validate (``make validate-model``) checks the performance model that ``make payoff`` uses
 where nothing was measured: the netbench step at each bandwidth of
 ``conf/experiment/model_validation.yaml`` (emulated cluster only), ``run.py -m
-experiment=model_validation``, then ``analysis.validate`` (predicted against measured t_iter)
+experiment=model_validation``, then ``analysis.payoff.validate`` (predicted against measured t_iter)
 and the wandb export, all in ``runs/model_validation/``.
 """
 
@@ -82,9 +82,9 @@ def run(cmd: list[str]) -> None:
 
 def export(*roots: Path) -> None:
     """Every finished job and analysis folder under ``roots`` -> wandb runs, offline unless
-    the user is logged in (``analysis.wandb_export``): after the timed jobs, never in them."""
+    the user is logged in (``analysis.wandb.export``): after the timed jobs, never in them."""
     os.environ.setdefault("WANDB_MODE", "offline")  # make wandb-sync uploads them
-    run([sys.executable, "-m", "analysis.wandb_export", *map(str, roots)])
+    run([sys.executable, "-m", "analysis.wandb.export", *map(str, roots)])
 
 
 def pick_cluster(overrides: list[str]) -> list[str]:
@@ -179,7 +179,7 @@ def axis(overrides: list[str], key: str) -> list[str]:
 
 def validate(overrides: list[str], netbench: list[str]) -> None:
     """The performance model against measurement (``experiment=model_validation``): a
-    calibration at each bandwidth of the sweep, the sweep, then ``analysis.validate`` with
+    calibration at each bandwidth of the sweep, the sweep, then ``analysis.payoff.validate`` with
     every profile, and the wandb export."""
     from gtopk.run.cluster.netns import unavailable_reason
 
@@ -194,7 +194,7 @@ def validate(overrides: list[str], netbench: list[str]) -> None:
         runs, net = calibrate(at, netbench)
         profiles += ["--network", str(net / "profile.json")]
     run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
-    run([sys.executable, "-m", "analysis.validate", str(runs), *profiles])
+    run([sys.executable, "-m", "analysis.payoff.validate", str(runs), *profiles])
     export(runs)
     print(
         f"\nvalidate: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: validation.{{csv,md}}", flush=True
@@ -208,7 +208,7 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     runs, net = calibrate(overrides, netbench)
     run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
     for script in SCALING_SCRIPTS[target]:
-        run([sys.executable, "-m", f"analysis.{script}", str(runs), "--network", str(net / "profile.json")])
+        run([sys.executable, "-m", f"analysis.figures.{script}", str(runs), "--network", str(net / "profile.json")])
     export(runs)
     outputs = [f"{s}.csv, {s}.md" if s == "table4" else f"{s}.{{png,pdf,csv}}" for s in SCALING_SCRIPTS[target]]
     print(
@@ -226,9 +226,20 @@ def fig5(overrides: list[str], full: bool) -> None:
     for experiment in FIG5_FULL if full else FIG5_QUICK:
         run([sys.executable, str(ROOT / "run.py"), "-m", *merged([f"experiment={experiment}"], overrides)])
         roots.append(first_job(merged([f"experiment={experiment}"], overrides))[0])
-    run([sys.executable, "-m", "analysis.fig5", str(roots[0])])
+    run([sys.executable, "-m", "analysis.figures.fig5", str(roots[0])])
     if full:  # gTop-k's density sensitivity, beside the dense runs of the same P
-        run([sys.executable, "-m", "analysis.fig5", str(roots[1]), "--dense-from", str(roots[0]), "--stem", "density"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "analysis.figures.fig5",
+                str(roots[1]),
+                "--dense-from",
+                str(roots[0]),
+                "--stem",
+                "density",
+            ]
+        )
     export(*roots)
     outputs = "fig5.{png,pdf,csv}, fig5_table.{csv,md}, fig5_gap.{png,pdf,csv}"
     print(f"\nfig5: {time.monotonic() - t0:.0f} s. Outputs in {roots[0] / 'analysis'}/: {outputs}", flush=True)

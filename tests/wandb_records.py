@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from analysis.wandb_file import OfflineRun, read_run
+from analysis.wandb.datastore import OfflineRun, read_run
 from gtopk.perf.model import NetworkProfile
 from gtopk.records.rundir import JsonLines, write_json_atomic
 from tests.config import compose_config
@@ -177,9 +177,9 @@ def make_runs(root: Path) -> dict[str, Path]:
 
 
 def export(root: Path, out: Path, capsys) -> str:
-    """``python -m analysis.wandb_export root`` in this process, offline into ``out``;
+    """``python -m analysis.wandb.export root`` in this process, offline into ``out``;
     returns what it printed."""
-    from analysis import wandb_export
+    from analysis.wandb import export as wandb_export
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WANDB_MODE", "offline")

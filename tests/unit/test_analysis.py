@@ -13,7 +13,8 @@ import pytest
 import torch
 import yaml
 
-from analysis import breakdown, commmodel, fig5, fig6, scaling, table4
+from analysis import scaling
+from analysis.figures import breakdown, commmodel, fig5, fig6, table4
 from analysis.load import _merge, load_epochs, load_jobs, wandb_rows
 from gtopk.perf.model import NetworkProfile
 from gtopk.train.replay_backward import ready_times

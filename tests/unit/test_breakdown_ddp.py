@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import breakdown
+from analysis.figures import breakdown
 from gtopk.perf.model import NetworkProfile
 
 DDP = {"_target_": "baselines.ddp.DDPReducer", "bucket_mb": 25.0}

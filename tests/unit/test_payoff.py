@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import payoff
-from analysis.payoff_runs import iterations_by_epoch, iterations_to, load_train_runs
+from analysis.payoff import cli as payoff
+from analysis.training import iterations_by_epoch, iterations_to, load_train_runs
 from gtopk.perf.model import NetworkProfile
 from tests.wandb_records import PAYOFF, timing_row, write_job
 

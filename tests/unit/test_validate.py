@@ -1,4 +1,4 @@
-"""analysis.validate: the payoff's modelled t_iter against measured jobs, on hand-built
+"""analysis.payoff.validate: the payoff's modelled t_iter against measured jobs, on hand-built
 records with a hand-worked prediction."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import validate
+from analysis.payoff import validate
 from gtopk.perf.model import NetworkProfile
 from tests.wandb_records import write_job
 

@@ -1,5 +1,5 @@
-"""``analysis.wandb_export`` offline: jobs written in the real formats become wandb runs
-whose offline files, read back (``analysis.wandb_file``), hold the records' config,
+"""``analysis.wandb.export`` offline: jobs written in the real formats become wandb runs
+whose offline files, read back (``analysis.wandb.datastore``), hold the records' config,
 per-iteration rows, summary, environment and the analysis folder's tables and figures."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.wandb_file import WandbFileError, read_run
+from analysis.wandb.datastore import WandbFileError, read_run
 from gtopk.run.jobs import job_lock
 from tests.wandb_records import BENCH, ENV, FIG6, PAYOFF, SUMMARY, TABLE4, export, make_runs, offline_runs, write_job
 

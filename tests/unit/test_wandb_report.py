@@ -1,4 +1,4 @@
-"""``analysis.wandb_report`` without a network: it refuses offline in one line before
+"""``analysis.wandb.report`` without a network: it refuses offline in one line before
 importing anything slow; online (a key in the environment) it builds the report from the
 records, and every key its panels name is one the export wrote (read back from the
 offline run files). Only ``Report.save`` is replaced."""
@@ -17,7 +17,7 @@ from tests.wandb_records import export, make_runs, offline_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = (
-    "import sys\nfrom analysis.wandb_report import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+    "import sys\nfrom analysis.wandb.report import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
     "    print('exit', e.code, [m for m in ('torch', 'wandb', 'pandas', 'wandb_workspaces') if m in sys.modules])"
 )
 
@@ -48,7 +48,7 @@ def saved(tmp_path, monkeypatch, capsys):
     the environment), with ``Report.save`` recording instead of uploading."""
     import wandb_workspaces.reports.v2 as wr
 
-    from analysis import wandb_report
+    from analysis.wandb import report as wandb_report
 
     make_runs(tmp_path / "runs")
     export(tmp_path / "runs", tmp_path / "out", capsys)

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.payoff_verdict import MODELS, SETUP, short  # noqa: E402
+from analysis.payoff.verdict import MODELS, SETUP, short  # noqa: E402
 
 GREY = {"no run": 0.80, "not reached": 0.65, "no time": 0.90}
 SPAN = 3.0  # colour scale: log2(speedup) in [-SPAN, SPAN]

@@ -2,7 +2,7 @@
 one line per reducer: measured solid, modelled dashed (calibrated alpha-beta model, see
 ``analysis.scaling``), the paper's values in grey.
 
-    python -m analysis.fig6 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
+    python -m analysis.figures.fig6 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
 Writes fig6.png, fig6.pdf and fig6.csv (every point drawn, with ``kind`` = measured |
 modelled | paper) into ``<first root>/analysis/`` (or --out).

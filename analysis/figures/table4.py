@@ -2,7 +2,7 @@
 dense, Top-k and DDP, and of Top-k and dense over DDP (the baseline a user would pick
 instead; ratios of throughput, hence of efficiency), beside the paper's.
 
-    python -m analysis.table4 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
+    python -m analysis.figures.table4 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
 Rows: model, P and ``kind``: measured (this machine's runs), modelled (the calibrated
 model, see ``analysis.scaling``) and paper (throughput.csv). Writes table4.csv and
@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.common import model_rank, ordered, out_dir, parser, save
-from analysis.fig6 import add_model_args, compute
+from analysis.figures.fig6 import add_model_args, compute
 from analysis.scaling import paper_efficiency
 
 KIND_ORDER = {"measured": 0, "modelled": 1, "paper": 2}

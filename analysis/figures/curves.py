@@ -4,7 +4,7 @@ epoch and per iteration, the table beside them, and the per-iteration gap diagno
 A curve is one run: its reducer (``gtopk_exact`` is gTop-k with the exact put-back), rho
 where the reducer sparsifies, P. The table gives, per curve, the final top-1 and the
 iterations it needed to reach 99 % of the final top-1 of the dense run of the same
-experiment, model, data and P (epoch resolution, as ``analysis.payoff_runs.iterations_to``
+experiment, model, data and P (epoch resolution, as ``analysis.training.iterations_to``
 counts them), or "not reached".
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.payoff_runs import DENSE, iterations_by_epoch, reducer_label
+from analysis.training import DENSE, iterations_by_epoch, reducer_label
 from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
 
 NOT_REACHED = "not reached"

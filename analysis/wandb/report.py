@@ -1,4 +1,4 @@
-"""A wandb report for one experiment: ``python -m analysis.wandb_report --entity E --project P
+"""A wandb report for one experiment: ``python -m analysis.wandb.report --entity E --project P
 [--experiment NAME] [RUNS...]`` (``make wandb-report ENTITY=... PROJECT=... [EXPERIMENT=...]``).
 
 Online only: it refuses in one line, before importing anything slow, when ENTITY is
@@ -30,22 +30,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.wandb_online import why_not_online
+from analysis.wandb.online import why_not_online
 
 #: (heading, text, figure stems, table stems, job panels) in report order
 SECTIONS = (
     (
         "Scaling efficiency e(P) per reducer",
         "e(P) = v_P / v_1 per model, one line per reducer: measured, modelled (alpha-beta) and the paper's "
-        "(analysis.fig6); below, each job's throughput.",
+        "(analysis.figures.fig6); below, each job's throughput.",
         ("fig6",),
         ("fig6",),
         "throughput",
     ),
-    ("Speedups (Table IV)", "e(P) per reducer and the speedups of gTop-k (analysis.table4).", (), ("table4",), None),
+    ("Speedups (Table IV)", "e(P) per reducer and the speedups of gTop-k (analysis.figures.table4).", (), ("table4",), None),
     (
         "Time breakdown",
-        "Per-iteration time split into compute, top-k selection, communication and the rest (analysis.breakdown); "
+        "Per-iteration time split into compute, top-k selection, communication and the rest (analysis.figures.breakdown); "
         "below, each job's medians.",
         ("breakdown",),
         ("breakdown",),
@@ -53,7 +53,7 @@ SECTIONS = (
     ),
     (
         "Convergence",
-        "Training loss and top-1 test accuracy per epoch (analysis.fig5).",
+        "Training loss and top-1 test accuracy per epoch (analysis.figures.fig5).",
         ("fig5", "density"),
         ("fig5", "density"),
         "convergence",
@@ -61,7 +61,7 @@ SECTIONS = (
     ("Per-iteration times", "Medians over ranks of each iteration, warm-up included.", (), (), "iterations"),
     (
         "Communication model",
-        "Measured against predicted t_commu (analysis.commmodel).",
+        "Measured against predicted t_commu (analysis.figures.commmodel).",
         ("commmodel",),
         ("commmodel",),
         None,
@@ -144,7 +144,7 @@ def build_report(entity: str, project: str, exp: Experiment):
     sets = runsets(entity, project, exp.name)
     intro = (
         f"Experiment `{exp.name}` (wandb group {exp.name}): runs exported from the records on disk by "
-        f"analysis.wandb_export. Commit(s): {', '.join(exp.commits) or 'unknown'}. "
+        f"analysis.wandb.export. Commit(s): {', '.join(exp.commits) or 'unknown'}. "
         f"Network profile(s): {', '.join(exp.networks) or 'none'}."
     )
     blocks: list[Any] = [wr.P(intro)]
@@ -178,8 +178,8 @@ def build_report(entity: str, project: str, exp: Experiment):
 
 def experiment(roots: list[Path], name: str | None) -> Experiment:
     """The experiment ``name`` (or the only one) under ``roots``, from the local records."""
-    from analysis.wandb_analysis import analysis_dirs, experiment_of, network_profiles
-    from analysis.wandb_export import finished_jobs
+    from analysis.wandb.analyses import analysis_dirs, experiment_of, network_profiles
+    from analysis.wandb.export import finished_jobs
 
     jobs, _ = finished_jobs(roots)
     names = sorted({str(j.config.get("name")) for j in jobs})

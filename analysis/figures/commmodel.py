@@ -2,7 +2,7 @@
 reducer (``gtopk.perf.model.compare``: the reducer class's alpha-beta formula with a
 calibrated network profile).
 
-    python -m analysis.commmodel runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
+    python -m analysis.figures.commmodel runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
 Jobs at P = 1 (no communication) are left out. A reducer that hides its communication in
 backward (DDP) measures no separate t_commu: its rows keep the prediction, and the

@@ -1,11 +1,11 @@
 """How far the payoff map can be trusted: t_iter predicted the way ``make payoff`` models it,
 against t_iter measured, per network, P and reducer.
 
-    python -m analysis.validate runs/model_validation --network NET1/profile.json --network NET2/profile.json
+    python -m analysis.payoff.validate runs/model_validation --network NET1/profile.json --network NET2/profile.json
 
 The jobs are benchmark jobs (``experiment=model_validation``: emulated cluster, p102 compute
 replay). A job is matched to the profile whose cluster settings it ran on. Its prediction
-is ``analysis.payoff_time``'s modelled path, never its measured shortcut: t_compute from the
+is ``analysis.payoff.itertime``'s modelled path, never its measured shortcut: t_compute from the
 compute profile (``--compute``, default p102) for the job's batch, t_data, t_compr and the
 rest of the step from the reducer's job with the fewest workers (the P = 1 jobs: these
 are the model's inputs and are not themselves validated), t_commu from the reducer's
@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 from hydra.utils import get_class
 
-from analysis.payoff_runs import reducer_label
-from analysis.payoff_time import IterTimes, Net, Reducer, compute_profile, ran_on
+from analysis.payoff.itertime import IterTimes, Net, Reducer, compute_profile, ran_on
+from analysis.training import reducer_label
 from gtopk.perf.model import NetworkProfile
 from gtopk.records.rundir import finished
 

@@ -5,8 +5,8 @@ iterations to 99 % of dense's final top-1 at the same P); and the gap, measured:
 iteration, the coordinates the update touched, the residual's norm per worker and the
 gradient mass the paper's put-back lost.
 
-    python -m analysis.fig5 runs/fig5_quick
-    python -m analysis.fig5 runs/fig5_density --dense-from runs/fig5_full --stem density
+    python -m analysis.figures.fig5 runs/fig5_quick
+    python -m analysis.figures.fig5 runs/fig5_density --dense-from runs/fig5_full --stem density
 
 Writes into ``<first root>/analysis/`` (or ``--out``): ``<stem>.{png,pdf,csv}`` (the curves;
 the CSV has every epoch of every run), ``<stem>_table.{csv,md}``, and
@@ -19,8 +19,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from analysis.common import model_rank, out_dir, parser, save
-from analysis.fig5_data import load_curves, load_gap, markdown, table
-from analysis.payoff_runs import DENSE
+from analysis.figures.curves import load_curves, load_gap, markdown, table
+from analysis.training import DENSE
 
 METRICS = (("train_loss", "training loss"), ("test_top1", "top-1 test accuracy"))
 AXES = (("iterations", "iterations"), ("epoch", "epoch"))
@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     if args.wandb:
-        raise SystemExit("analysis.fig5 reads run directories only (--wandb is not supported): pass their folders")
+        raise SystemExit(
+            "analysis.figures.fig5 reads run directories only (--wandb is not supported): pass their folders"
+        )
     curves = load_curves(args.roots)
     if args.dense_from:
         extra = load_curves(args.dense_from)

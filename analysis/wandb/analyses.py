@@ -1,4 +1,4 @@
-"""One wandb run per experiment's ``analysis/`` folder (called by ``analysis.wandb_export``).
+"""One wandb run per experiment's ``analysis/`` folder (called by ``analysis.wandb.export``).
 
 What the analysis scripts wrote (``analysis/README.md``), as a report can embed it:
 
@@ -75,7 +75,7 @@ def export_analysis(folder: Path, jobs: list[Any], mode: str, wandb_dir: Path, p
     """One analysis folder -> one wandb run; returns its id."""
     import wandb
 
-    from analysis.wandb_export import init_run, run_id
+    from analysis.wandb.runs import init_run, run_id
     from gtopk.records.rundir import git_commit
 
     name, mine = experiment_of(folder, jobs)

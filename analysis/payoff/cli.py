@@ -3,8 +3,8 @@ convergence (training runs) and the time per iteration (measured, else the calib
 
     python -m analysis.payoff RUNS... [--network PROFILE.json ...] [--target-acc 0.95] [--out DIR]
 
-time_to_target = iterations_to_target (``analysis.payoff_runs``: from the training runs at
-that P) x t_iter (``analysis.payoff_time``: same model, reducer and per-worker batch;
+time_to_target = iterations_to_target (``analysis.training``: from the training runs at
+that P) x t_iter (``analysis.payoff.itertime``: same model, reducer and per-worker batch;
 measured by a benchmark job on that network, else modelled), for every model and density,
 P = 1 .. 1024 (powers of 2, and any P trained), every network (the calibrated profiles and
 a bandwidth sweep at their alpha), compute profile and target (``--relative`` x dense's
@@ -12,7 +12,7 @@ final accuracy at that P, and each ``--target-acc``). DDP's update is dense's: w
 DDP training run it takes the dense runs' iterations (``iterations_detail`` says so).
 A P with no training run is ``no run``; with ``--borrow`` it takes the iterations of the
 nearest trained P (in log2 P, ties to the smaller) and is marked ``borrowed``.
-Writes payoff.csv, a map per model and compute profile (``payoff_map``) and
+Writes payoff.csv, a map per model and compute profile (``analysis.payoff.maps``) and
 payoff_verdicts.txt into ``<first RUN>/analysis/`` (or --out). See docs/payoff.md.
 """
 
@@ -29,10 +29,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from analysis.payoff_map import write_maps
-from analysis.payoff_runs import CONF, DENSE, Target, TrainRun, iterations_to, load_train_runs
-from analysis.payoff_time import ComputeProfile, IterTimes, Net, Reducer, compute_profile, networks
-from analysis.payoff_verdict import BASELINE, CELL, SETUP, fastest, verdicts
+from analysis.payoff.itertime import ComputeProfile, IterTimes, Net, Reducer, compute_profile, networks
+from analysis.payoff.maps import write_maps
+from analysis.payoff.verdict import BASELINE, CELL, SETUP, fastest, verdicts
+from analysis.training import CONF, DENSE, Target, TrainRun, iterations_to, load_train_runs
 from gtopk.perf.model import NetworkProfile
 from gtopk.records.profiles import LOCAL_PROFILE
 

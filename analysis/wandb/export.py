@@ -1,4 +1,4 @@
-"""Records on disk -> wandb: ``python -m analysis.wandb_export [RUNS...]`` (``make wandb-export``).
+"""Records on disk -> wandb: ``python -m analysis.wandb.export [RUNS...]`` (``make wandb-export``).
 
 The run directories stay the source of truth; wandb is a view of them, written here, in
 the exporting process (never inside a timed job). Every finished job (``summary.json``)
@@ -19,7 +19,7 @@ under RUNS becomes one wandb run:
 
 Jobs still running (their lock held), failed (``failed.json``) or never finished are
 skipped, one line each. Then every ``analysis/`` folder under RUNS becomes one analysis
-run of its experiment (``analysis.wandb_analysis``).
+run of its experiment (``analysis.wandb.analyses``).
 
 Mode: ``WANDB_MODE`` when set, else online when logged in (``wandb login`` or
 ``WANDB_API_KEY``), else offline. Offline runs go to ``$WANDB_DIR/wandb/`` (default
@@ -30,7 +30,6 @@ replaced); upload them with ``make wandb-sync``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -39,18 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.wandb_online import wandb_mode
+from analysis.wandb.online import wandb_mode
+from analysis.wandb.runs import init_run, run_id
 from gtopk.records.rundir import FAILED, LOCK, SUMMARY, RunDir, read_jsonl, run_dirs
 
 DEFAULT_DIR = Path("runs") / "wandb-export"
 #: per-iteration fields that are not measurements
 ROW_IDS = {"rank", "iter", "attempt", "epoch"}
 EPOCH_METRICS_STEP = "epoch"
-
-
-def run_id(path: Path) -> str:
-    """The wandb run id of a job (or analysis) directory: stable across exports."""
-    return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
 
 
 def lock_holder(run_dir: Path) -> int | None:
@@ -165,35 +160,6 @@ def history(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def clear_old(wandb_dir: Path, rid: str) -> None:
-    """Remove earlier offline exports of run ``rid`` (one local copy per run to sync)."""
-    for old in (wandb_dir / "wandb").glob(f"offline-run-*-{rid}"):
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def init_run(rid: str, mode: str, wandb_dir: Path, project: str, entity: str | None, **kw: Any):
-    """``wandb.init`` for an export: given id, resume="allow", no console capture or
-    system metrics (nothing runs but the export)."""
-    import wandb
-
-    os.environ.setdefault("WANDB_SILENT", "true")
-    if mode == "offline":
-        clear_old(wandb_dir, rid)
-    wandb_dir.mkdir(parents=True, exist_ok=True)
-    settings = wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False)
-    return wandb.init(
-        id=rid,
-        resume="allow",
-        mode=mode,
-        dir=str(wandb_dir),
-        project=project,
-        entity=entity,
-        settings=settings,
-        reinit="finish_previous",
-        **kw,
-    )
-
-
 def export_job(job: Job, mode: str, wandb_dir: Path, project: str | None, entity: str | None) -> str:
     """One finished job -> one wandb run (see the module docstring); returns its id."""
     cfg, summary = job.config, job.summary
@@ -252,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"exported {job.run_dir} -> run {rid}")
     n_analysis = 0
     if not args.no_analysis:
-        from analysis.wandb_analysis import export_analyses
+        from analysis.wandb.analyses import export_analyses
 
         n_analysis = export_analyses(roots, jobs, mode, wandb_dir, args.project, args.entity)
     if jobs or n_analysis:

@@ -1,4 +1,4 @@
-"""Read an offline wandb run back without wandb's service: ``python -m analysis.wandb_file RUN.wandb``.
+"""Read an offline wandb run back without wandb's service: ``python -m analysis.wandb.datastore RUN.wandb``.
 
 An offline run (``wandb/offline-run-<time>-<id>/run-<id>.wandb``) is a log of protobuf
 ``wandb.proto.wandb_internal_pb2.Record`` messages in LevelDB's log format: a 7-byte W&B

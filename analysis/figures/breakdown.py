@@ -2,7 +2,7 @@
 update, flattening, checks, data) per model and reducer, the paper's gTop-k breakdown at 32 nodes
 (breakdown.csv) beside it.
 
-    python -m analysis.breakdown runs/fig6_reproduce [--nodes 8] [--network PROFILE --model-nodes 32]
+    python -m analysis.figures.breakdown runs/fig6_reproduce [--nodes 8] [--network PROFILE --model-nodes 32]
 
 Measured bars are the jobs at ``--nodes`` workers (default: the largest P measured per
 model). With ``--network``, a modelled bar per reducer at ``--model-nodes`` (default 32,
