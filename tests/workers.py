@@ -168,3 +168,18 @@ def pid_and_threads(rank: int, P: int, tag: str = "") -> dict:
     pids: list = [None] * P
     dist.all_gather_object(pids, os.getpid())
     return {"rank": rank, "pid": os.getpid(), "threads": torch.get_num_threads(), "pids": pids, "tag": tag}
+
+
+def waits_for_a_stack_request(stack_path: str, ready_path: str) -> None:
+    """Registers faulthandler's SIGUSR1 dump into ``stack_path`` as a worker does, says so in
+    ``ready_path``, then sleeps until killed."""
+    import faulthandler
+    import signal
+    import time
+    from pathlib import Path
+
+    out = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, out)
+    Path(ready_path).write_text("ready")
+    while True:
+        time.sleep(3600)

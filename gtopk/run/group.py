@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import dataclasses
 import faulthandler
+import math
 import os
 import pickle
 import queue
@@ -136,10 +137,16 @@ def _worker(
         results.put((rank, True, pickle.dumps(None)))  # left the process group: the parent may stop us
 
 
+#: the least time the ranks get to start (spawn, import torch, join the group), whatever the watchdog's timeout
+STARTUP_S = 300.0
+
+
 class WorkerGroup:
     """``nprocs`` worker processes in one process group, started once, running tasks.
 
-    ``timeout`` bounds the ranks' start-up and is the default watchdog timeout of a task;
+    ``timeout`` is the default watchdog timeout of a task; ``startup_timeout`` (default
+    ``max(timeout, STARTUP_S)``) bounds the ranks' start-up (interpreter, imports, rendezvous:
+    tens of seconds on a loaded machine, whatever a task's watchdog says);
     ``collective_timeout`` (default ``timeout``) the default limit of a collective once
     every rank has joined; ``threads`` (default cores / nprocs) the default intra-op
     thread count; ``grace``: how long the others get to report after the first failure.
@@ -158,11 +165,13 @@ class WorkerGroup:
         collective_timeout: float | None = None,
         port: int = 0,
         threads: int | None = None,
+        startup_timeout: float | None = None,
     ):
         if nprocs < 1:
             raise ValueError(f"nodes={nprocs} must be >= 1")
         self.nprocs, self.timeout, self.grace = nprocs, float(timeout), float(grace)
         self.collective_timeout = float(collective_timeout or timeout)
+        self.startup_timeout = float(startup_timeout or max(self.timeout, STARTUP_S))
         self.threads = int(threads or threads_per_worker(nprocs))
         self.closed = False
         placement = placement or Placement(master_addr="127.0.0.1", master_port=port)
@@ -178,7 +187,9 @@ class WorkerGroup:
         self._results = ctx.Queue()
         self._tasks = [ctx.SimpleQueue() for _ in range(nprocs)]
         self._beats = ctx.Array("d", [time.monotonic()] * nprocs, lock=False)
-        setup = _Setup(backend, self.timeout, self.collective_timeout, self._beats, self._stack_dir, os.getpid())
+        setup = _Setup(
+            backend, self.startup_timeout, self.collective_timeout, self._beats, self._stack_dir, os.getpid()
+        )
         # not daemonic: a rank may start DataLoader workers; close() and each rank's
         # PR_SET_PDEATHSIG make sure none outlives the group
         self._procs = [
@@ -195,7 +206,7 @@ class WorkerGroup:
                 p.start()
             if sock is not None:
                 sock.close()  # rank 0 holds its own copy
-            self.pids: list[int] = self._collect(self.timeout)
+            self.pids: list[int] = self._collect(self.startup_timeout)
         except BaseException:
             self._stop()
             self.close()
@@ -222,9 +233,8 @@ class WorkerGroup:
             float(collective_timeout or self.collective_timeout),
         )
         try:
-            now = time.monotonic()
-            for r in range(self.nprocs):
-                self._beats[r] = now
+            for r in range(self.nprocs):  # the watchdog counts from each rank's first beat in the task
+                self._beats[r] = math.inf  # (it beats on taking it), not from when it was queued
             for q in self._tasks:
                 q.put(task)  # pickled here: a task that does not pickle fails in the caller
             return self._collect(float(timeout or self.timeout))

@@ -75,17 +75,69 @@ def read_stack(stack_dir: str, rank: int) -> str:
         return ""
 
 
-def dump_stacks(procs: list, ranks: list[int], stack_dir: str, wait: float = 1.0) -> dict[int, str]:
-    """Ask the running ``ranks`` for their Python stacks (SIGUSR1 -> faulthandler)."""
+def signal_state(pid: int, sig: int) -> tuple[bool, set[str]] | None:
+    """``(pending, blocking)`` of ``sig`` in process ``pid``, from /proc: whether it waits
+    for delivery (to the process or one of its threads), and the threads that block it;
+    None where /proc cannot tell."""
+    bit = 1 << (sig - 1)
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    pending, blocking = False, set()
+    for task in tasks:
+        try:
+            status = Path(f"/proc/{pid}/task/{task}/status").read_text()
+        except OSError:
+            continue  # the thread ended
+        for line in status.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("SigPnd", "ShdPnd", "SigBlk") and int(value.strip() or "0", 16) & bit:
+                pending |= key != "SigBlk"
+                if key == "SigBlk":
+                    blocking.add(task)
+    return pending, blocking
+
+
+def catches(pid: int, sig: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``sig`` yet (a rank registers faulthandler's
+    after its imports; before that SIGUSR1 would kill it); None where /proc cannot tell."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    caught = next((line.split(":")[1] for line in status.splitlines() if line.startswith("SigCgt:")), None)
+    return None if caught is None else bool(int(caught.strip(), 16) & (1 << (sig - 1)))
+
+
+def dump_stacks(procs: list, ranks: list[int], stack_dir: str, bound: float = 60.0) -> dict[int, str]:
+    """Ask the running ``ranks`` for their Python stacks (SIGUSR1 -> faulthandler) and wait
+    until each has written its stack: the signal delivered and its handler returned (the
+    kernel blocks a signal in the thread running its handler, and faulthandler installs it
+    without SA_NODEFER, so a thread that blocks it now but did not before is still writing),
+    or the rank gone. Where /proc cannot tell, until the stack file is not empty. A rank
+    that has no handler yet (still starting) is not asked. ``bound``
+    only ends a wait for a rank that never handles the signal: a loaded machine makes the
+    wait longer, never the stack shorter."""
+    ranks = [r for r in ranks if catches(procs[r].pid, signal.SIGUSR1) is not False]  # else it would die of it
+    before = {r: signal_state(procs[r].pid, signal.SIGUSR1) for r in ranks}
     for r in ranks:
         with contextlib.suppress(OSError):
             os.kill(procs[r].pid, signal.SIGUSR1)
-    deadline = time.monotonic() + wait
-    stacks: dict[int, str] = {}
-    while time.monotonic() < deadline and len(stacks) < len(ranks):
-        time.sleep(0.05)
-        stacks = {r: text for r in ranks if (text := read_stack(stack_dir, r))}
-    return stacks
+    deadline = time.monotonic() + bound
+    waiting = set(ranks)
+    while waiting and time.monotonic() < deadline:
+        for r in sorted(waiting):
+            if not procs[r].is_alive():
+                waiting.discard(r)
+                continue
+            now, then = signal_state(procs[r].pid, signal.SIGUSR1), before[r]
+            busy = now is not None and then is not None and (now[0] or bool(now[1] - then[1]))
+            if not busy and read_stack(stack_dir, r):
+                waiting.discard(r)
+        if waiting:
+            time.sleep(0.02)
+    return {r: text for r in ranks if (text := read_stack(stack_dir, r))}
 
 
 def stop(procs: list) -> None:

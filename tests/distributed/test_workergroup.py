@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,43 @@ def test_runner_closes_its_group_after_a_failure():
     finally:
         runner.close()
     assert not multiprocessing.active_children()
+
+
+def test_stacks_are_awaited_until_written_however_late_the_rank_runs(tmp_path):
+    """A rank that is not scheduled for a while (here: stopped) still gets its stack into the
+    report: dump_stacks waits for the state (signal handled, file written), not for a clock."""
+    import signal
+    import threading
+    import time
+
+    from gtopk.run.supervise import dump_stacks, signal_state
+    from tests.workers import waits_for_a_stack_request
+
+    proc = multiprocessing.get_context("spawn").Process(
+        target=waits_for_a_stack_request, args=(str(tmp_path / "rank0.txt"), str(tmp_path / "ready"))
+    )
+    proc.start()
+    try:
+        deadline = time.monotonic() + 120  # failure bound only
+        while not (tmp_path / "ready").exists():
+            assert proc.is_alive() and time.monotonic() < deadline, "the process did not start"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGSTOP)  # as if the machine gave it no CPU
+        stat = Path(f"/proc/{proc.pid}/stat")
+        while stat.read_text().rpartition(")")[2].split()[0] != "T":  # it takes effect when the process next runs
+            assert time.monotonic() < deadline, "the process did not stop"
+            time.sleep(0.02)
+        got: dict = {}
+        thread = threading.Thread(target=lambda: got.update(dump_stacks([proc], [0], str(tmp_path))))
+        thread.start()
+        while not signal_state(proc.pid, signal.SIGUSR1)[0]:  # the request is pending
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.02)
+        thread.join(1.5)  # longer than the fixed wait this replaced
+        assert thread.is_alive(), "dump_stacks gave up before the rank could write its stack"
+        os.kill(proc.pid, signal.SIGCONT)
+        thread.join(120)
+        assert "in waits_for_a_stack_request" in got[0]
+    finally:
+        proc.kill()
+        proc.join()
