@@ -1,41 +1,32 @@
 """A recorded world: every rank of a P-rank group runs the reducers' own code in one
-process, over a stand-in for the ``torch.distributed`` calls they make; every message
-and collective call is recorded.
+process, over a stand-in for the ``torch.distributed`` calls they make, and every message
+and collective call is recorded (docs/reducers.md, "The schedules at scale").
 
-What is real and what is stood in:
+Real: everything above ``torch.distributed`` -- ``Reducer.reduce``, the schedules, the
+wire format and the counted ``PointToPoint`` layer -- each rank in its own thread with its
+own reducer and buffers; what a rank receives is what its partner sent. Stood in
+(``RecordedWorld.patched``): ``send``/``recv``/``isend``/``irecv``/``P2POp``/
+``batch_isend_irecv`` (matched messages between the threads); ``all_gather``/
+``all_reduce``/``all_gather_object``/``barrier`` (one recorded call per rank, computed in
+rank order: the backend's own algorithm inside is not run); ``is_initialized``/
+``get_world_size``/``get_rank``/``get_global_rank``. Any other call reaches the real,
+uninitialised ``torch.distributed`` and fails.
 
-* Real: everything above ``torch.distributed`` -- the reducer (``Reducer.reduce``: input
-  check, selection, error feedback, put-back, update), the schedules
-  (``gtopk.reducers.schedules``), the wire format (``SparseCodec``) and the counted
-  point-to-point layer (``PointToPoint``), each rank in its own thread with its own
-  reducer, gradient and buffers. The bytes a rank receives are the bytes its partner
-  sent, so the result is computed, not assumed.
-* Stood in (``RecordedWorld.patched``): the ``torch.distributed`` functions the reducers
-  call -- ``send``/``recv``/``isend``/``irecv``/``P2POp``/``batch_isend_irecv`` become
-  matched messages between the threads; ``all_gather``/``all_reduce``/
-  ``all_gather_object``/``barrier`` become one recorded collective call per rank, computed
-  in rank order (the backend's internal algorithm -- gloo's or NCCL's ring -- is not run);
-  ``is_initialized``/``get_world_size``/``get_rank``/``get_global_rank`` describe the
-  group. Any other ``torch.distributed`` call reaches the real, uninitialised module and
-  fails.
+Messages: sender and receiver buffers must have the same size; a rank may not message
+itself. ``eager=False`` (default): a message completes when both halves are posted, at
+``max(s, r) + alpha + nbytes * beta`` on both ranks' clocks (rendezvous, as NCCL).
+gloo's TCP transport and NCCL both send only once the receiver has posted.
+``eager=True``: the sender is done at ``s + alpha + nbytes * beta`` whether or not the
+receiver has posted, the receiver at ``max(r, that)`` (a buffering transport: MPI's
+eager protocol for small messages, as under the paper's mpi4py). Each rank keeps one logical clock per ``Network`` of ``nets``, set by
+the operations it waits for; local work costs nothing (the cost model leaves merges out
+too). On ``ROUNDS`` a clock counts messages on the critical path, on ``BYTES`` its bytes.
+A collective sets every rank's clocks to the latest caller's and adds nothing.
 
-Semantics of the stand-in: a point-to-point message completes when both halves are
-posted (rendezvous, as NCCL's send; stricter than gloo's eager send), sender and
-receiver buffers must have the same size, and a rank may not message itself. The ranks
-run one at a time (cooperative threads, deterministic order); when every unfinished rank
-waits on a message no one will send, ``run`` raises ``Deadlock`` naming them.
-
-Clocks: each rank carries one logical clock per ``Network``. A message posted by its
-sender at time s and its receiver at time r completes on both at ``max(s, r) + alpha +
-nbytes * beta``; a rank's clock is the completion of the last operation it waited for;
-local work costs nothing (the cost model leaves merges out too). With ``Network(1, 0)``
-the clock counts messages on the critical path (rounds); with ``Network(0, 1)`` the bytes
-on it. A collective call sets every rank's clock to the latest caller's and adds nothing
-(its cost lies inside the backend).
-
-Not thread-safe across worlds: ``run`` patches the ``torch.distributed`` module for its
-duration, so only one world runs at a time in a process, and nothing else in that
-process may use ``torch.distributed`` meanwhile.
+The ranks run one at a time (cooperative threads, in a deterministic order); if every
+unfinished rank waits on something no rank will do, ``run`` raises ``Deadlock`` naming
+them. ``run`` patches the ``torch.distributed`` module while it runs: one world at a time
+per process, and nothing else in it may use ``torch.distributed`` meanwhile.
 """
 
 from __future__ import annotations
@@ -103,15 +94,8 @@ class _Call:
 
 
 class _Work:
-    def __init__(self, world: RecordedWorld, wait: Callable[[], None]):
-        self._world, self._wait = world, wait
-
-    def wait(self) -> bool:
-        self._wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return True
+    def __init__(self, wait: Callable[[], None]):
+        self.wait = wait
 
 
 class RecordedWorld:
@@ -120,10 +104,10 @@ class RecordedWorld:
     ``collectives`` hold what was recorded; ``clocks[rank]`` each rank's final clocks, one
     per network of ``nets``."""
 
-    def __init__(self, P: int, nets: tuple[Network, ...] = (ROUNDS, BYTES), stack_kib: int = 512):
+    def __init__(self, P: int, nets: tuple[Network, ...] = (ROUNDS, BYTES), eager: bool = False, stack_kib: int = 512):
         if P < 1:
             raise ValueError(f"a recorded world needs P >= 1 ranks, got {P}")
-        self.P, self.nets, self.stack_kib = P, tuple(nets), stack_kib
+        self.P, self.nets, self.eager, self.stack_kib = P, tuple(nets), eager, stack_kib
         self.messages: list[Message] = []
         self.collectives: list[Collective] = []
         self.clocks = [tuple(0.0 for _ in nets) for _ in range(P)]
@@ -225,6 +209,9 @@ class RecordedWorld:
         if not tensor.is_contiguous():
             raise ValueError(f"rank {me} passed a non-contiguous tensor to a point-to-point call")
         op = _Op(me, peer, send, tensor, self.clocks[me])
+        if send and self.eager:  # buffered: the sender is done when its message is out
+            op.tensor = tensor.clone()
+            op.done = self._after(op.posted, tensor.numel() * tensor.element_size())
         src, dst = (me, peer) if send else (peer, me)
         mirror = self._pending.get((src, dst, not send))
         if not mirror:
@@ -239,11 +226,16 @@ class RecordedWorld:
                 f"{r.tensor.numel() * r.tensor.element_size()}"
             )
         r.tensor.view(torch.uint8).view(-1).copy_(s.tensor.view(torch.uint8).view(-1))
-        done = tuple(max(a, b) + n.msg(nbytes) for a, b, n in zip(s.posted, r.posted, self.nets))
-        s.done = r.done = done
-        self.messages.append(Message(src, dst, nbytes, done))
+        if self.eager:
+            r.done = tuple(max(a, b) for a, b in zip(r.posted, s.done))
+        else:
+            s.done = r.done = self._after(tuple(max(a, b) for a, b in zip(s.posted, r.posted)), nbytes)
+        self.messages.append(Message(src, dst, nbytes, r.done))
         self._wake(other.rank)
         return op
+
+    def _after(self, start: tuple[float, ...], nbytes: int) -> tuple[float, ...]:
+        return tuple(t + n.msg(nbytes) for t, n in zip(start, self.nets))
 
     def _wait(self, op: _Op) -> None:
         what = f"{'send to' if op.send else 'recv from'} {op.peer}"
@@ -259,11 +251,11 @@ class RecordedWorld:
 
     def isend(self, tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> _Work:
         op = self._post(True, tensor, dst)
-        return _Work(self, lambda: self._wait(op))
+        return _Work(lambda: self._wait(op))
 
     def irecv(self, tensor: torch.Tensor, src: int, group=None, tag: int = 0) -> _Work:
         op = self._post(False, tensor, src)
-        return _Work(self, lambda: self._wait(op))
+        return _Work(lambda: self._wait(op))
 
     def batch_isend_irecv(self, ops: list) -> list[_Work]:
         return [op.op(op.tensor, op.peer, op.group) for op in ops]
@@ -300,7 +292,7 @@ class RecordedWorld:
 
         nbytes = tensor.numel() * tensor.element_size()
         self._collective("all_gather", nbytes, (tensor_list, tensor), finish)
-        return _Work(self, lambda: None) if async_op else None
+        return _Work(lambda: None) if async_op else None
 
     def all_reduce(self, tensor: torch.Tensor, op=None, group=None, async_op: bool = False):
         if op not in (None, dist.ReduceOp.SUM):
@@ -314,7 +306,7 @@ class RecordedWorld:
                 a[2].copy_(total)
 
         self._collective("all_reduce", tensor.numel() * tensor.element_size(), (tensor,), finish)
-        return _Work(self, lambda: None) if async_op else None
+        return _Work(lambda: None) if async_op else None
 
     def all_gather_object(self, object_list: list, obj: object, group=None) -> None:
         def finish(args):
