@@ -14,14 +14,15 @@ uninitialised ``torch.distributed`` and fails.
 
 Messages: sender and receiver buffers must have the same size; a rank may not message
 itself. ``eager=False`` (default): a message completes when both halves are posted, at
-``max(s, r) + alpha + nbytes * beta`` on both ranks' clocks (rendezvous, as NCCL).
-gloo's TCP transport and NCCL both send only once the receiver has posted.
-``eager=True``: the sender is done at ``s + alpha + nbytes * beta`` whether or not the
-receiver has posted, the receiver at ``max(r, that)`` (a buffering transport: MPI's
-eager protocol for small messages, as under the paper's mpi4py). Each rank keeps one logical clock per ``Network`` of ``nets``, set by
-the operations it waits for; local work costs nothing (the cost model leaves merges out
-too). On ``ROUNDS`` a clock counts messages on the critical path, on ``BYTES`` its bytes.
-A collective sets every rank's clocks to the latest caller's and adds nothing.
+``max(s, r) + alpha + nbytes * beta`` on both ranks' clocks (rendezvous: gloo's TCP
+transport sends only once the receiver has posted). ``eager=True``: the sender is done
+at ``s + alpha + nbytes * beta`` whether or not the receiver has posted, the receiver at
+``max(r, that)`` (a buffering transport: MPI's eager protocol for small messages, as
+under the paper's mpi4py). Each rank keeps one logical clock per ``Network`` of
+``nets``, set by the operations it waits for; local work costs nothing (the cost model
+leaves merges out too). On ``ROUNDS`` a clock counts messages on the critical path, on
+``BYTES`` its bytes. A collective sets every rank's clocks to the latest caller's and
+adds nothing.
 
 The ranks run one at a time (cooperative threads, in a deterministic order); if every
 unfinished rank waits on something no rank will do, ``run`` raises ``Deadlock`` naming

@@ -132,7 +132,7 @@ def test_the_model_counts_what_runs_at_P_1024_by_formula_too():
 
 @pytest.mark.parametrize("name", ["gtopk tree", "gtopk tree exact", "gtopk rd", "gtopk rd exact"])
 def test_buffered_sends_never_take_longer_than_the_model(name):
-    """gloo and NCCL send once the receiver has posted (the model is exact, above); a
+    """gloo sends once the receiver has posted (the model is exact, above); a
     buffering transport lets the tree's last sender at P not a power of two deliver
     early: one round fewer than the model's ceil(log2 P) up and down (exact put-back:
     one or two, its sums starting earlier); recursive doubling: no difference."""
