@@ -97,17 +97,20 @@ def dense_time(P: int, bucket_sizes: list[int], net: Network, word: int = VALUE_
 
 # ---------------------------------------------------------------- topk: all-gather
 def topk_traffic(P: int, k: int, m: int) -> Traffic:
-    """Recursive-doubling all-gather of k packed (index, value) entries per rank."""
+    """Ring all-gather of k packed (index, value) entries per rank: P - 1 steps, each passing
+    one rank's k entries on. That is what gloo's and NCCL's all-gather run (recorded at
+    P up to 1,024 by ``gtopk.perf.schedulecheck``); the paper's Table I assumes a
+    recursive-doubling one (alpha log2 P), which ``paper_table1`` keeps."""
     if P == 1:
         return Traffic()
     n = (P - 1) * k * (index_bytes(m) + VALUE_BYTES)
-    return Traffic(log2_ceil(P), n, n)
+    return Traffic(P - 1, n, n)
 
 
 def topk_time(P: int, k: int, m: int, net: Network) -> float:
     if P == 1:
         return 0.0
-    return log2_ceil(P) * net.alpha + (P - 1) * k * (index_bytes(m) + VALUE_BYTES) * net.beta
+    return (P - 1) * net.msg(k * (index_bytes(m) + VALUE_BYTES))
 
 
 # ---------------------------------------------------------------- gtopk

@@ -38,8 +38,8 @@ def test_dense_ring():
 
 
 def test_topk_allgather():
-    assert cm.topk_traffic(5, 10, 1000) == Traffic(3, 4 * 80, 4 * 80)
-    assert cm.topk_time(8, 10, 1000, NET) == pytest.approx(3 * A + 7 * 80 * B)
+    assert cm.topk_traffic(5, 10, 1000) == Traffic(4, 4 * 80, 4 * 80)  # ring: P - 1 steps
+    assert cm.topk_time(8, 10, 1000, NET) == pytest.approx(7 * A + 7 * 80 * B)
     assert cm.index_bytes(2**31 - 1) == 4 and cm.index_bytes(2**31) == 8
 
 

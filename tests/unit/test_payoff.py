@@ -125,7 +125,7 @@ def test_time_arithmetic_sources_and_marks(records):
     ddp_p4 = max(0.1, 2 * 3 * (ALPHA + 250_000 * 4 * BETA)) + 0.003  # ring all-reduce hidden in backward + rest
     dense_p4 = 0.1 + 2 * 3 * (ALPHA + 250_000 * 4 * BETA) + 0.004
     # Top-k has no benchmark job: its own steps give t_data 0.001, t_compr 0.002, rest 0.2/4 - 0.003
-    topk_p4 = 0.001 + 0.1 + (2 * ALPHA + 3 * k_bytes * BETA) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
+    topk_p4 = 0.001 + 0.1 + (3 * ALPHA + 3 * k_bytes * BETA) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
 
     g = one(df, "gtopk", 4, sweep)
     assert (g["iterations_to_target"], g["iterations_source"]) == (30, "measured")
