@@ -27,8 +27,8 @@ import pandas as pd
 from analysis.scaling import rest_of_iteration
 from gtopk.paper import single_node_throughput
 from gtopk.perf.model import NetworkProfile, predict_iter
-from gtopk.records.rundir import finished
 from gtopk.records.profiles import LOCAL_PROFILE
+from gtopk.records.rundir import finished
 
 #: the bandwidth sweep, Gbit/s, at the calibrated profile's alpha
 SWEEP_GBPS = (0.1, 1.0, 10.0, 100.0)

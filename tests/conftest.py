@@ -9,6 +9,7 @@ runs every tier except tests marked ``slow``; ``make test-all`` runs those too;
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,13 @@ from tests.config import compose_config
 torch.set_num_threads(1)
 TIERS = ("unit", "distributed", "e2e", "netns")
 HERE = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every tier but ``gpu`` is the CPU one: on a GPU workstation its jobs, and the
+    processes they start, see no GPU (``device=auto`` would put them on CUDA/NCCL)."""
+    if "gpu" not in (config.option.markexpr or "").replace("not gpu", ""):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

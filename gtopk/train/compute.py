@@ -49,6 +49,9 @@ class Compute(ABC):
 
     kind = "compute"
     needs_data = True
+    #: whether ``device=auto`` puts the job on a GPU where there is one (real forward and
+    #: backward do; a replay's sleep and random gradient need none: ``gtopk.run.checks.placement``)
+    wants_gpu = True
 
     def resolve(self, cfg: Any) -> dict:
         """Called once per job before any worker starts (raise on bad settings); returns
@@ -96,6 +99,7 @@ class ReplayedCompute(Compute):
 
     kind = "replay"
     needs_data = False
+    wants_gpu = False
 
     def __init__(
         self,
