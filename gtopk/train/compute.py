@@ -177,7 +177,7 @@ def replay_gradient(m: int, seed: int, rank: int, scale: float, device: torch.de
         _LAST_GRADIENT.clear()
         gen = torch.Generator().manual_seed(1_000_003 * (seed + 1) + rank)
         # scaled in place: no second model-sized temporary (the values of randn * scale)
-        _LAST_GRADIENT[key] = torch.randn(m, generator=gen).mul_(scale).to(device)
+        _LAST_GRADIENT[key] = torch.randn(m, generator=gen, device="cpu").mul_(scale).to(device)
     return _LAST_GRADIENT[key]
 
 
