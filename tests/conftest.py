@@ -4,7 +4,8 @@ Tiers, by folder (a marker each, applied here): ``unit`` (one process, no spawn)
 ``distributed`` (worker groups on loopback), ``e2e`` (``run.py`` and the make targets as
 a user runs them), ``netns`` (the emulated cluster: network namespaces). ``make test``
 runs every tier except tests marked ``slow``; ``make test-all`` runs those too;
-``bench`` (``tests/bench/``) runs only under ``make bench``.
+``bench`` (``tests/bench/``) runs only under ``make bench``, ``gpu`` (``tests/gpu/``: NCCL on
+real GPUs) only under ``make test-gpu``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from omegaconf import DictConfig
 from tests.config import compose_config
 
 torch.set_num_threads(1)
-TIERS = ("unit", "distributed", "e2e", "netns")
+TIERS = ("unit", "distributed", "e2e", "netns", "gpu")
 HERE = Path(__file__).resolve().parent
 
 
