@@ -21,8 +21,9 @@ faked around it.
 torch does the same kind of thing in ``torch.utils._device.DeviceContext`` (the mode behind
 ``set_default_device``, whose list of factory functions ``ExplicitDevice`` uses) and in its
 own tests with ``torch.testing._internal.distributed.fake_pg``; the rules come from
-``ProcessGroupNCCL`` (``getNcclDataType``, ``checkSingleTensor``: dense, contiguous, on a
-CUDA device; the reduce ops ``getNcclReduceOp`` maps).
+``ProcessGroupNCCL.cpp`` (``check_gpu_single_tensor``: CUDA and dense, contiguous in the
+tensor's suggested memory format, channels-last included, where a non-contiguous tensor in a
+send or receive only warns, which we refuse too; the dtypes and reduce ops it maps to NCCL's).
 """
 
 from __future__ import annotations
@@ -150,6 +151,12 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
+def _contiguous(t: torch.Tensor) -> bool:
+    """Contiguous in some memory format torch would suggest for it (NCCL's test)."""
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    return t.is_contiguous() or (t.dim() in formats and t.is_contiguous(memory_format=formats[t.dim()]))
+
+
 class NcclRules:
     """``torch.distributed`` as NCCL takes it, on gloo (see the module docstring)."""
 
@@ -169,7 +176,7 @@ class NcclRules:
             where = f"dist.{name}: a {tuple(t.shape)} {t.dtype} tensor on {t.device}"
             if t.device != self.device:
                 raise Violation(f"{where}, not on this rank's device {self.device}")
-            if not t.is_contiguous() or t.layout != torch.strided:
+            if not _contiguous(t) or t.layout != torch.strided:
                 raise Violation(f"{where} that is not dense and contiguous")
             if t.dtype not in NCCL_DTYPES:
                 raise Violation(f"{where}: NCCL carries no {t.dtype}")
