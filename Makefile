@@ -14,7 +14,7 @@ FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lint format test test-all test-slow bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
+.PHONY: help setup lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -40,11 +40,14 @@ format: setup  ## Apply ruff's fixes and formatting
 test: setup  ## Run the default test suite (CPU, gloo on loopback)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-all: setup  ## Run every test, the slow ones included (not the benchmarks)
-	$(PY) -m pytest -q -m "not bench" $(PYTEST_ARGS)
+test-all: setup  ## Run every test, the slow ones included (not the benchmarks, not the GPU tier)
+	$(PY) -m pytest -q -m "not bench and not gpu" $(PYTEST_ARGS)
 
 test-slow: setup  ## Run only the tests marked slow (make test + make test-slow = make test-all)
-	$(PY) -m pytest -q -m "slow and not bench" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow and not bench and not gpu" $(PYTEST_ARGS)
+
+test-gpu: setup  ## GPU smoke tier: P=1,2 on NCCL, every reducer and DDP, 3 steps, CUDA events, NCCL_DEBUG=INFO (skips without GPUs)
+	NCCL_DEBUG=INFO $(PY) -m pytest -q -rs -s -m gpu tests/gpu $(PYTEST_ARGS)
 
 bench: setup  ## Benchmarks: selection, merge, harness overhead (JSON), collectives over P on the emulated cluster (CSV) in runs/bench/
 	@mkdir -p runs/bench

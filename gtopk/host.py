@@ -1,5 +1,5 @@
-"""This host's primitives that every layer uses: an honest clock, intra-op thread
-control, process lifetime, and the heartbeat a worker gives its launcher's watchdog.
+"""This host's primitives that every layer uses: an honest clock, this rank's GPU, intra-op
+thread control, process lifetime, and the heartbeat a worker gives its launcher's watchdog.
 Nothing here is collective."""
 
 from __future__ import annotations
@@ -18,12 +18,30 @@ class Clock:
     """Wall clock that first waits for queued GPU work on ``device`` (honest timing)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
 
     def __call__(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)  # this clock's GPU, not whichever is current
         return time.perf_counter()
+
+
+class GPUShortage(ValueError):
+    """More ranks on this machine than GPUs: NCCL needs one GPU per rank."""
+
+
+def local_gpu(local_rank: int) -> int:
+    """The GPU of the rank with this machine-local index: ``local_rank`` itself, refused
+    (``GPUShortage``, one line) when this machine has no such GPU, rather than sharing one
+    between two ranks (NCCL refuses that: "Duplicate GPU detected")."""
+    count = torch.cuda.device_count()
+    if not 0 <= local_rank < count:
+        raise GPUShortage(
+            f"local rank {local_rank} needs GPU {local_rank}, but this machine has {count} GPU(s): one GPU per "
+            f"rank; start at most {count} ranks per machine (nodes=, torchrun --nproc-per-node=) or use device=cpu"
+        )
+    return local_rank
 
 
 @contextlib.contextmanager

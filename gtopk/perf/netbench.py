@@ -34,8 +34,8 @@ from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import Network, rd_time
 from gtopk.reducers.schedules import Payload, recursive_doubling
 from gtopk.reducers.wire import PointToPoint
-from gtopk.run import runner
-from gtopk.run.job import resolve_backend, torchrun_world
+from gtopk.run import checks, runner
+from gtopk.run.job import torchrun_world
 from gtopk.run.runner import GroupSpec, run_on_cluster
 from gtopk.run.world import join_group
 
@@ -104,7 +104,7 @@ def time_reducer(
     t_commu_min: the fastest rank's (e.g. a tree's root, done before the broadcast reaches
       the leaves); t_compr and t_merge: the largest over ranks."""
     reducer = instantiate(reducer_cfg, align_timing=True)
-    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank)).to(device())
+    grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank), device="cpu").to(device())
     rows = []
     for i in range(warmup + iters):
         dist.barrier()
@@ -211,6 +211,7 @@ def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
     if torchrun_world():
         return fn(dist.get_rank(), dist.get_world_size(), cfg_dict)
     instantiate(cfg.cluster).check(nodes)
+    checks.gpus_fit(cfg.device, nodes)  # NCCL: one GPU per rank ("Duplicate GPU detected")
     spec = GroupSpec.of(cfg, nodes, cfg.backend)
     return run_on_cluster(spec, fn, (cfg_dict,), timeout=cfg.timeout_s, keep=True)[0]
 
@@ -227,7 +228,9 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     with open_dict(cfg):
-        cfg.backend = resolve_backend(cfg)  # auto: as the training (nccl on CUDA, gloo on CPU)
+        # auto: the CPU and gloo (collectives of CPU tensors need no GPU); device=cuda or
+        # backend=nccl: NCCL on this machine's GPUs, one per rank
+        cfg.device, cfg.backend = checks.placement(cfg.device, cfg.backend, wants_gpu=False)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["cluster_info"] = {} if torchrun_world() else instantiate(cfg.cluster).describe()
     if torchrun_world():

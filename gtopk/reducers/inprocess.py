@@ -23,11 +23,10 @@ sent), and with ``diagnostics`` update_nnz, residual_norm and lost_l1 as defined
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor
 
+from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import dense_traffic, gtopk_traffic, topk_traffic
 from gtopk.reducers.schedules import recursive_doubling_local, tree_reduce_local
@@ -53,19 +52,24 @@ def _select(workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord]
     """Each rank's accumulated vector (its residual buffer) and selected indices."""
     accs, sels = [], []
     for w, g, rec in zip(workers, grads, recs):
-        t0 = time.perf_counter()
+        t0 = _now(g)
         acc = w.feedback.accumulate(g)
         sels.append(topk_indices(acc, k))
         accs.append(acc)
         rec.selected = k
-        rec.t_compr += time.perf_counter() - t0
+        rec.t_compr += _now(g) - t0
     return accs, sels
 
 
+def _now(t: Tensor) -> float:
+    """The time once the work queued on ``t``'s device is done (``gtopk.host.Clock``)."""
+    return Clock(t.device)()
+
+
 def _timed(rec: ReduceRecord, fn, *args) -> None:
-    t0 = time.perf_counter()
+    t0 = _now(args[0])
     fn(*args)
-    rec.t_compr += time.perf_counter() - t0
+    rec.t_compr += _now(args[0]) - t0
 
 
 def dense_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[ReduceRecord]]:
@@ -126,12 +130,12 @@ def gtopk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[Reduce
     drops: list[tuple[int, Sparse]] = []  # (owner rank, entries its merge dropped)
 
     def combine(a: Sparse, b: Sparse, rank: int) -> Sparse:
-        t0 = time.perf_counter()
+        t0 = _now(a[0])
         dropped: list | None = [] if track else None
         out = merge(*a, *b, k, dropped)
         if dropped:
             drops.append((rank, dropped[0]))
-        recs[rank].t_merge += time.perf_counter() - t0
+        recs[rank].t_merge += _now(a[0]) - t0
         return out
 
     schedule = tree_reduce_local if w0.algorithm == "tree" else recursive_doubling_local

@@ -88,7 +88,7 @@ def _scan_chunks(x: Tensor, thr: Tensor, strict: bool) -> Tensor:
     m = x.numel()
     cmp = torch.gt if strict else torch.ge
     width = _CHUNK // _ROWS
-    mag = torch.empty(_CHUNK, dtype=x.dtype)
+    mag = torch.empty(_CHUNK, dtype=x.dtype, device=x.device)
     grid = mag.view(_ROWS, width)
     parts = []
     full = m - m % _CHUNK
@@ -102,7 +102,7 @@ def _scan_chunks(x: Tensor, thr: Tensor, strict: bool) -> Tensor:
     if full < m:
         parts.append(_above_plain(x[full:], thr, strict).add_(full))
     if not parts:
-        return torch.empty(0, dtype=torch.long)
+        return torch.empty(0, dtype=torch.long, device=x.device)
     return torch.cat(parts)
 
 

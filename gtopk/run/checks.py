@@ -7,11 +7,15 @@ one-line message names the setting and the fix (``run.py`` prints it as one line
   ``master_port`` that is free, ``threads_per_worker``, fault injection, ``nonfinite``).
 * ``reducer_settings``: the reducer's own checks (its constructor, which communicates nothing).
 * ``data_fits``: every rank's share of the training set holds at least one step.
-* ``machine_fits``: the workers this job would spawn fit this machine (below).
+* ``placement``: the device and backend a job runs on, resolved from ``device``, ``backend``
+  and what the job needs (``auto``: a GPU only for real forward and backward, and only where
+  there is one), and the pairs NCCL or gloo cannot run refused.
+* ``machine_fits``: the workers this job would spawn fit this machine (below);
+  ``local_gpus``: under torchrun, this machine's ranks have a GPU each.
 
 "More than this machine can serve" (spawned workers only; under torchrun each node is
-its own machine): with NCCL every rank needs a GPU of its own, so ``nodes`` may not exceed
-the GPU count; and ``nodes`` workers must fit in physical memory by a deliberately low
+its own machine): on CUDA every rank needs a GPU of its own (NCCL refuses two ranks on one),
+so ``nodes`` may not exceed the GPU count; and ``nodes`` workers must fit in physical memory by a deliberately low
 estimate — ``WORKER_BASE_MB`` of private memory per worker process (Python, torch, gloo:
 about 370 MB measured on CPU) plus ``BYTES_PER_PARAM`` per model parameter when the model
 lives in host memory (fp32 weights, gradient, momentum, flat gradient, update, residual,
@@ -35,6 +39,8 @@ from gtopk.run.world import listen
 from gtopk.train.faults import NONFINITE, FaultSpec
 
 MODES = ("benchmark", "train")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
 WORKER_BASE_MB = 350
 BYTES_PER_PARAM = 32
 FDS_PER_WORKER_SPARE = 256
@@ -164,17 +170,70 @@ def memory_total() -> int | None:
         return None
 
 
-def machine_fits(cfg: Any, backend: str, on_cuda: bool, processes: int | None = None) -> None:
+def gpu_count() -> int:
+    """GPUs torch can use on this machine (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def placement(device: str, backend: str, wants_gpu: bool) -> tuple[str, str]:
+    """The (device, backend) a job runs on: ``cpu``/``cuda`` and ``gloo``/``nccl``.
+    ``device=auto``: CUDA where there is a GPU and the job wants one (``wants_gpu``: real
+    forward and backward; a replay or a network benchmark does not) or ``backend=nccl``
+    asks for it, else the CPU; ``backend=auto``: NCCL on CUDA, gloo on the CPU. Refused:
+    ``device=cuda`` without a GPU, NCCL on the CPU (it moves GPU tensors only) and gloo on
+    CUDA (not every collective of ours runs on GPU tensors there)."""
+    if device not in DEVICES:
+        raise ConfigError(f"device={device!r} is unknown; choose one of {', '.join(DEVICES)}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    gpus = gpu_count()
+    asked = device
+    if device == "auto":
+        device = "cuda" if gpus and (backend == "nccl" or (backend == "auto" and wants_gpu)) else "cpu"
+    if device == "cuda" and not gpus:
+        raise ConfigError("device=cuda but torch finds no GPU on this machine; use device=cpu (or auto)")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device == "cpu":
+        why = "" if gpus else " and this machine has no GPU"
+        raise ConfigError(
+            f"backend=nccl moves GPU tensors only, but device={asked} puts them in host memory{why}; "
+            "use backend=gloo (or auto) on the CPU, or device=cuda"
+        )
+    if backend == "gloo" and device == "cuda":
+        raise ConfigError(
+            "backend=gloo with device=cuda: gloo cannot run every collective on GPU tensors; "
+            "use backend=nccl (or auto) with device=cuda, or device=cpu"
+        )
+    return device, backend
+
+
+def local_gpus(device: str, local_ranks: int) -> None:
+    """Under torchrun: this machine's ``local_ranks`` ranks (LOCAL_WORLD_SIZE) have a GPU
+    each when the job runs on CUDA."""
+    if device == "cuda" and local_ranks > gpu_count():
+        raise ConfigError(
+            f"torchrun started {local_ranks} ranks on this machine but it has {gpu_count()} GPU(s), one per rank "
+            f"on CUDA; pass torchrun --nproc-per-node={gpu_count()} or device=cpu"
+        )
+
+
+def gpus_fit(device: str, nodes: int) -> None:
+    """``nodes`` workers spawned on this machine have a GPU each when on CUDA."""
+    if device == "cuda" and nodes > gpu_count():
+        raise ConfigError(
+            f"nodes={nodes} on device=cuda needs one GPU per worker, but this machine has {gpu_count()}; "
+            "use fewer nodes, or torchrun to spread the workers over several machines, or device=cpu"
+        )
+
+
+def machine_fits(cfg: Any, device: str, processes: int | None = None) -> None:
     """The job's spawned worker processes (``processes``, default ``cfg.nodes``: one per
-    worker) fit this machine (see the module docstring)."""
+    worker) fit this machine, the job running on ``device`` (see the module docstring)."""
     nodes = cfg.nodes if processes is None else processes
     fix = "use fewer nodes, or torchrun to spread the workers over several machines"
-    if backend == "nccl" and nodes > torch.cuda.device_count():
-        raise ConfigError(
-            f"nodes={nodes} with backend=nccl needs one GPU per worker, but this machine has "
-            f"{torch.cuda.device_count()}; {fix}, or device=cpu"
-        )
-    per_worker = WORKER_BASE_MB * 2**20 + (0 if on_cuda else BYTES_PER_PARAM * count_params(cfg))
+    gpus_fit(device, nodes)
+    per_worker = WORKER_BASE_MB * 2**20 + (0 if device == "cuda" else BYTES_PER_PARAM * count_params(cfg))
     total = memory_total()
     if total and nodes * per_worker > total:
         raise ConfigError(

@@ -17,7 +17,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
@@ -63,8 +62,11 @@ def validate(cfg: DictConfig) -> None:
         cluster.check_job(cfg)
     except ClusterError as e:
         raise ConfigError(str(e)) from None
+    device, _ = placement(cfg)
     if torchrun_world() is None:
-        checks.machine_fits(cfg, resolve_backend(cfg), on_cuda(cfg), cluster.processes(cfg.nodes))
+        checks.machine_fits(cfg, device, cluster.processes(cfg.nodes))
+    else:
+        checks.local_gpus(device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     compute = instantiate(cfg.compute)
     if compute.needs_data:
         checks.data_fits(cfg, instantiate(cfg.data).check())
@@ -77,14 +79,19 @@ def torchrun_world() -> tuple[int, int] | None:
     return None
 
 
-def on_cuda(cfg: DictConfig) -> bool:
-    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+def placement(cfg: DictConfig) -> tuple[str, str]:
+    """(device, backend) of this job: ``device`` and ``backend`` resolved by what its
+    compute needs (``gtopk.run.checks.placement``; ConfigError for a pair that cannot run)."""
+    return checks.placement(cfg.device, cfg.backend, instantiate(cfg.compute).wants_gpu)
 
 
-def resolve_backend(cfg: DictConfig) -> str:
-    if cfg.backend != "auto":
-        return cfg.backend
-    return "nccl" if on_cuda(cfg) else "gloo"
+def settle_placement(cfg: DictConfig) -> str:
+    """Write the job's resolved device and backend into ``cfg`` (what its workers and
+    records see); returns the backend."""
+    device, backend = placement(cfg)
+    with open_dict(cfg):
+        cfg.device, cfg.backend = device, backend
+    return backend
 
 
 def job_position() -> str:
@@ -172,10 +179,10 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
     if summary_path.exists():
         print(f"{job_position()}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
         return json.loads(summary_path.read_text()).get("images_per_s_per_worker")
+    backend = settle_placement(cfg)
     resolve_compute(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    backend = resolve_backend(cfg)
     world = torchrun_world()
     if world is None:
         cfg_dict["attempt"] = attempt = start_attempt(run_dir)

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from gtopk.records import profiles
+from gtopk.run import checks
 from gtopk.run.runner import GroupSpec, run_on_cluster
 from gtopk.run.world import threads_per_worker
 from gtopk.train import compute
@@ -40,7 +41,8 @@ def measure_local(cfg: Any) -> dict:
         cluster=LOCAL_CLUSTER,
     )
     print(f"compute.profile=local: measuring {key} at P = 1 -> {profiles.LOCAL_PROFILE}", flush=True)
-    spec = GroupSpec(1, "gloo", threads_per_worker(1), str(cfg.device), json.dumps(LOCAL_CLUSTER, sort_keys=True))
+    device, backend = checks.placement(str(cfg.device), "auto", wants_gpu=True)  # the job's device, its backend
+    spec = GroupSpec(1, backend, threads_per_worker(1), device, json.dumps(LOCAL_CLUSTER, sort_keys=True))
     summary = run_on_cluster(spec, run_worker, (job, str(run_dir)), timeout=float(cfg.timeout_s))[0]
     images = compute.images_per_step(cfg)
     entry = {

@@ -15,7 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gtopk.host import local_gpu
+
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:: |$)")  # "pkg.mod.SomeError: message"
+#: a collective that waited past its timeout: gloo ("Timed out waiting ... for recv"), NCCL's
+#: blocking wait ("... timed out", "Timeout"), the store ("wait timeout")
+_TIMEOUT = re.compile(r"(?i)timed out|timeout")
 
 
 class WorkerError(RuntimeError):
@@ -34,14 +39,24 @@ class WorkerError(RuntimeError):
     CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", STOPPED)
 
     def summary(self) -> str:
-        """One line: the first rank that failed on its own, and its error's last line."""
+        """One line: the first rank that failed on its own, and its error's last line. When
+        every such rank timed out waiting in a collective while others were still running,
+        the rank(s) still running are the hung ones, and the line names them first."""
         ranks = sorted(self.failures)
         own = [r for r in ranks if not any(c in self.failures[r] for c in self.CONSEQUENCES)] or ranks
-        lines = [ln.strip() for ln in self.failures[own[0]].splitlines() if ln.strip()]
-        last = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "?")
+        last = {r: self._last_line(r) for r in own}
         running = [r for r in ranks if self.failures[r].startswith(self.STOPPED + " still running")]
+        if running and all(_TIMEOUT.search(last[r]) for r in own):
+            return (
+                f"rank(s) {running} hung: still running when rank(s) {own} timed out waiting for them in a "
+                f"collective (rank {own[0]}: {last[own[0]][:200]})"
+            )
         tail = f"; rank(s) {running} still running when stopped (hung?)" if running else ""
-        return f"rank {own[0]}: {last[:300]}{tail}"
+        return f"rank {own[0]}: {last[own[0]][:300]}{tail}"
+
+    def _last_line(self, rank: int) -> str:
+        lines = [ln.strip() for ln in self.failures[rank].splitlines() if ln.strip()]
+        return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "?")
 
 
 def threads_per_worker(nprocs: int) -> int:
@@ -71,14 +86,29 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: ProcessGroupNCCL's settings for a collective that waits longer than its timeout: with
+#: blocking wait the waiting rank's call raises (``DistBackendError``, reported like any
+#: worker error) instead of the watchdog thread tearing the process down with SIGABRT
+#: (torch's default, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, which blocking wait replaces).
+#: Set only where the environment does not set them already.
+NCCL_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
+
+
 def join_group(backend: str, startup_timeout: float, collective_timeout: float, **init: Any) -> None:
     """Collective: ``init_process_group`` with ``startup_timeout`` (the slowest rank's
     start-up), a barrier (every rank is up), then ``collective_timeout`` for every later
     operation, so that a hung peer is noticed soon. With NCCL each rank first binds its
-    GPU (LOCAL_RANK, else rank, modulo the GPU count), as the training loop will."""
-    if backend == "nccl" and torch.cuda.is_available():
+    GPU (LOCAL_RANK, else rank: ``gtopk.host.local_gpu``, which refuses more ranks than
+    GPUs), as the training loop will, and names it as the group's ``device_id`` (its
+    communicator is built at once, not lazily per peer pair inside the first timed step);
+    ``NCCL_ENV`` makes a timed-out collective raise."""
+    if backend == "nccl":
+        for key, value in NCCL_ENV.items():
+            os.environ.setdefault(key, value)
         local = int(os.environ.get("LOCAL_RANK", init.get("rank", os.environ.get("RANK", 0))))
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        gpu = local_gpu(local)
+        torch.cuda.set_device(gpu)
+        init["device_id"] = torch.device("cuda", gpu)
     dist.init_process_group(backend, timeout=timedelta(seconds=startup_timeout), **init)
     dist.barrier()
     dist.set_timeout(timedelta(seconds=collective_timeout))

@@ -49,6 +49,9 @@ class Compute(ABC):
 
     kind = "compute"
     needs_data = True
+    #: whether ``device=auto`` puts the job on a GPU where there is one (real forward and
+    #: backward do; a replay's sleep and random gradient need none: ``gtopk.run.checks.placement``)
+    wants_gpu = True
 
     def resolve(self, cfg: Any) -> dict:
         """Called once per job before any worker starts (raise on bad settings); returns
@@ -96,6 +99,7 @@ class ReplayedCompute(Compute):
 
     kind = "replay"
     needs_data = False
+    wants_gpu = False
 
     def __init__(
         self,
@@ -173,7 +177,7 @@ def replay_gradient(m: int, seed: int, rank: int, scale: float, device: torch.de
         _LAST_GRADIENT.clear()
         gen = torch.Generator().manual_seed(1_000_003 * (seed + 1) + rank)
         # scaled in place: no second model-sized temporary (the values of randn * scale)
-        _LAST_GRADIENT[key] = torch.randn(m, generator=gen).mul_(scale).to(device)
+        _LAST_GRADIENT[key] = torch.randn(m, generator=gen, device="cpu").mul_(scale).to(device)
     return _LAST_GRADIENT[key]
 
 

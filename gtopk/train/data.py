@@ -264,9 +264,11 @@ class ImageNet(DataSource):
 
 
 def build_loader(
-    dataset: Dataset, batch_size: int, rank: int, world: int, train: bool, seed: int, workers: int
+    dataset: Dataset, batch_size: int, rank: int, world: int, train: bool, seed: int, workers: int, pin: bool = False
 ) -> tuple[DataLoader, DistributedSampler]:
-    """Per-rank loader over this rank's DistributedSampler partition."""
+    """Per-rank loader over this rank's DistributedSampler partition. ``pin``: batches in
+    page-locked memory, for a rank whose device is a GPU (on a CPU rank it would only
+    create a CUDA context and count the pinning in t_data)."""
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=train, seed=seed, drop_last=train)
     loader = DataLoader(
         dataset,
@@ -276,7 +278,7 @@ def build_loader(
         drop_last=train,
         collate_fn=collate,
         persistent_workers=workers > 0,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=pin,
         worker_init_fn=die_with_parent,
     )  # no loader worker outlives its rank
     return loader, sampler

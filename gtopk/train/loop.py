@@ -26,18 +26,12 @@ from gtopk.reducers.base import ReduceRecord
 from gtopk.train.backward import Backward
 from gtopk.train.budget import timed_steps
 from gtopk.train.data import build_loader
+from gtopk.train.device import pick_device as pick_device  # re-exported: simulated workers use it
 from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard
 from gtopk.train.flatgrad import flat_grads, views_intact
 from gtopk.train.memory import peak_rss_mb, reset_peak_rss
 from gtopk.train.recipe import DensitySchedule, LRSchedule
 from gtopk.train.state import Checkpoints, assert_identical, broadcast_and_check, weights_sha256
-
-
-def pick_device(cfg: DictConfig, local_rank: int) -> torch.device:
-    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 class Worker:
@@ -72,10 +66,11 @@ class Worker:
         if self.compute.needs_data:
             train_set, test_set = instantiate(cfg.data).datasets()
             workers = cfg.train.loader_workers if cfg.mode == "train" else 0
+            pin = device.type == "cuda"  # page-locked batches only for a GPU
             self.train_loader, self.sampler = build_loader(
-                train_set, cfg.batch_size, rank, world, True, cfg.seed, workers
+                train_set, cfg.batch_size, rank, world, True, cfg.seed, workers, pin
             )
-            self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers)
+            self.test_loader, _ = build_loader(test_set, cfg.batch_size, rank, world, False, cfg.seed, workers, pin)
         self.iters = JsonLines(RunDir(run_dir).iters(rank))
         self.rows: list[dict] = []  # this rank's per-iteration rows, for the summary
         self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)  # fault.* (tests)

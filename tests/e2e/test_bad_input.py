@@ -103,6 +103,8 @@ SLOW_TWINS = [
         (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, gtopk_exact, topk"]),
         *SLOW_TWINS,
         (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
+        # a machine without a GPU (this one; make test hides any): no rank starts to die on it
+        (["device=cuda"], ["device=cuda but torch finds no GPU on this machine; use device=cpu"]),
     ],
 )
 def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):

@@ -108,6 +108,8 @@ def test_a_hung_rank_is_caught_by_the_timeout(tmp_path, nodes, setting, text):
     assert limit - 1 <= done.ended - struck < limit + STOP_S
     log = (job / "run.log").read_text()
     assert text in log and "in _hang" in log and "faults.py" in log
+    if nodes > 1:  # the one line names the hung rank, not the one that timed out waiting for it
+        assert f"rank(s) [{nodes - 1}] hung" in done.stderr, done.stderr[-2000:]
     assert not done.left, done.left
 
 

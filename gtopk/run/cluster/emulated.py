@@ -27,6 +27,18 @@ from gtopk.run.cluster.base import Cluster, ClusterError, Placement
 
 IFNAME = "eth0"
 PORT = 29500  # inside the job's own namespaces: no clash with other jobs
+#: every rank's environment: both backends' sockets on the shaped link, and every path by
+#: which NCCL could bypass it turned off (InfiniBand, GPU peer-to-peer, shared memory,
+#: NVLink SHARP on NVSwitch hosts, CollNet in-network reduction)
+RANK_ENV = {
+    "GLOO_SOCKET_IFNAME": IFNAME,
+    "NCCL_SOCKET_IFNAME": IFNAME,
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_P2P_DISABLE": "1",
+    "NCCL_SHM_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_COLLNET_ENABLE": "0",
+}
 _UNITS = {
     "bit": 1,
     "kbit": 1e3,
@@ -129,14 +141,7 @@ class EmulatedCluster(Cluster):
                     netns.run_batch("tc", tc, ns)
             except netns.NetnsError as e:
                 raise ClusterError(f"cluster=emulated could not be built: {e}. Use cluster=local instead") from None
-            env = {
-                "GLOO_SOCKET_IFNAME": IFNAME,
-                "NCCL_SOCKET_IFNAME": IFNAME,
-                "NCCL_IB_DISABLE": "1",
-                "NCCL_P2P_DISABLE": "1",
-                "NCCL_SHM_DISABLE": "1",
-            }
-            yield Placement(master_addr=address(0), master_port=PORT, namespaces=tuple(names[1:]), env=env)
+            yield Placement(master_addr=address(0), master_port=PORT, namespaces=tuple(names[1:]), env=dict(RANK_ENV))
         finally:
             netns.delete(names)
             if reaper.stdin:
