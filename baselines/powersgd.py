@@ -91,6 +91,13 @@ class PowerSGDReducer(DDPReducer):
         self._layouts: dict[int, pieces.Layout] = {}  # per bucket index: the layout its buffers follow
         self._pending: pieces.Pieces | None = None  # buffers cut per parameter, waiting for their bucket
         self._index: dict[int, int] = {}  # id(parameter) -> its index in the model
+        # The hook issues a bucket's P and Q all-reduces from the callbacks of the one before.
+        # NCCL runs those callbacks at once, in the thread that issued the collective, so
+        # every rank issues bucket after bucket in the same order; gloo runs them in its
+        # own thread when the collective completes, where they would race with the next
+        # bucket's all-reduce from backward and pair different collectives across ranks
+        # (gloo aborts). On CPU the next bucket therefore waits for the last one's chain.
+        self._chain: torch.futures.Future | None = None
 
     @classmethod
     def check_job(cls, cfg: Any, backend: str) -> None:
@@ -135,8 +142,11 @@ class PowerSGDReducer(DDPReducer):
             if not self._pending:
                 self._pending = None
         compressing = state.iter >= state.start_powerSGD_iter
+        if compressing and self._chain is not None and not self._chain.done():
+            self._chain.wait()  # gloo: the last bucket's P and Q all-reduces first (see ``_chain``)
         before = state.total_numel_after_compression
         fut = powerSGD_hook(state, bucket)
+        self._chain = fut if bucket.buffer().device.type == "cpu" else None
         if not compressing:
             return fut, [bucket.buffer().numel()]
         sent = powersgd_allreduces([s for _, _, s in layout], rank, rate)
