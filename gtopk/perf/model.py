@@ -15,6 +15,7 @@ measurement for every finished job under the given directories.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -125,6 +126,16 @@ def param_shapes(model_cfg: Mapping) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in net.parameters()]
 
 
+@functools.cache
+def model_shapes(name: str) -> list[tuple[int, ...]] | None:
+    """``param_shapes`` of ``conf/model/<name>.yaml`` (None when there is no such config),
+    for the reducers whose model needs the layers (PowerSGD)."""
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{name}.yaml"
+    return param_shapes(OmegaConf.to_container(OmegaConf.load(path))) if path.exists() else None
+
+
 def predict_iter(
     reducer_cfg: Mapping,
     P: int,
@@ -155,7 +166,7 @@ def compare(summary: Mapping, cfg: Mapping, net: Network) -> dict:
     """Measured against predicted t_commu and t_iter for one finished job."""
     P, m = int(summary["nodes"]), int(summary["params"])
     images = int(summary["batch_per_worker"]) * int(summary["grad_accum_steps"])
-    pred = predict_iter(cfg["reducer"], P, m, net, summary, images, param_shapes(cfg["model"]))
+    pred = predict_iter(cfg["reducer"], P, m, net, summary, images, model_shapes(str(summary["model"])))
     out = {k: summary.get(k) for k in ("reducer", "model", "nodes", "density", "compute", "cluster")}
     out.update(
         t_commu_measured=summary["t_commu"],
