@@ -67,7 +67,9 @@ def validate(cfg: DictConfig) -> None:
         checks.machine_fits(cfg, resolve_backend(cfg), on_cuda(cfg), cluster.processes(cfg.nodes))
     compute = instantiate(cfg.compute)
     if compute.needs_data:
-        checks.data_fits(cfg, instantiate(cfg.data).check())
+        source = instantiate(cfg.data)
+        checks.data_fits(cfg, source.check())
+        checks.model_takes(cfg, source.sample_shape())
 
 
 def torchrun_world() -> tuple[int, int] | None:
