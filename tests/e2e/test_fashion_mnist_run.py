@@ -46,5 +46,7 @@ def test_a_short_job_trains_on_the_installed_files(tmp_path):
     rows = read_jsonl(RunDir(tmp_path).iters(0))
     assert len(rows) == 6 and all(r["update_nnz"] > 0 for r in rows)
     applied = [sum(r["update_nnz"] for r in rows if r["epoch"] <= e) / 269_434 for e in (0, 1)]
-    assert [e["coverage"] for e in epochs] == pytest.approx(applied) and summary["coverage"] == pytest.approx(applied[1])
+    assert [e["coverage"] for e in epochs] == pytest.approx(applied) and summary["coverage"] == pytest.approx(
+        applied[1]
+    )
     assert not done.left
