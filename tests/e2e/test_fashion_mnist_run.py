@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.slow  # 52 s on the shared 2-core machine: two workers each load the 70,000 images
+@pytest.mark.slow  # 16-52 s on the shared 2-core machine: two workers each load the 70,000 images
 def test_a_short_job_trains_on_the_installed_files(tmp_path):
     done = run(
         "cluster=local",
