@@ -14,12 +14,27 @@ FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
+.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
-setup: $(STAMP)  ## Create .venv from requirements.lock (idempotent)
+setup: $(STAMP) fashion-mnist  ## Create .venv from requirements.lock (idempotent); Fashion-MNIST as root
+
+# data=fashion_mnist reads the IDX files of Debian's package dataset-fashion-mnist. Installed
+# here when missing and the machine allows it (root with apt-get); otherwise one line says how.
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+fashion-mnist:  ## Install Debian's dataset-fashion-mnist (data=fashion_mnist) if missing: as root with apt-get, else say how
+	@if [ -f $(FASHION_MNIST)/train-images-idx3-ubyte.gz ] || [ -f $(FASHION_MNIST)/train-images-idx3-ubyte ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's dataset-fashion-mnist (data=fashion_mnist)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } \
+		|| echo "note: apt-get could not install dataset-fashion-mnist; data=fashion_mnist needs its files (docs/data.md)"; \
+	else \
+		echo "note: data=fashion_mnist needs Debian's dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist), or data.root= a folder with its four IDX files (docs/data.md)"; \
+	fi
 
 # Re-installs only when the lock file or pyproject.toml changed.
 $(STAMP): requirements.lock pyproject.toml

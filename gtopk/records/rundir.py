@@ -5,11 +5,13 @@
 
 * ``config.yaml``: the resolved config (its presence makes a folder a run directory).
 * ``iters.rank<r>.jsonl``: one line per iteration and rank (timings, record), appended
-  and flushed line by line; ``epochs.jsonl``: per-epoch metrics (rank 0). A crash can
+  and flushed line by line; ``epochs.jsonl``: per-epoch metrics (rank 0), with the
+  coverage so far (``gtopk.records.regime``). A crash can
   leave a half-written last line: appending first closes it off with a newline, and
   ``read_jsonl`` skips it (never fatal). Rows carry the job's ``attempt``.
 * ``summary.json``: medians over all ranks' post-warm-up iterations, with ``env``
-  (versions, device, CPU/GPU, git commit); written atomically (temp file + rename), so
+  (versions, device, CPU/GPU, git commit) and, for training, the final coverage and the
+  test top-1 trend (``gtopk.records.regime``); written atomically (temp file + rename), so
   its presence means the job finished.
 * ``attempts.jsonl`` (one line per attempt), ``failed.json`` (the last attempt's error;
   never beside a ``summary.json``), ``.lock`` (flock of the process running the job):
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from gtopk.records.regime import summary_fields
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
@@ -238,10 +242,14 @@ def environment(device: str, backend: str) -> dict:
     return env
 
 
-def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int) -> dict:
+def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: Iterable[dict] | None = None) -> dict:
     """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
     slowest and where it is fastest both count); steps skipped for a non-finite gradient
-    are counted (iterations), not timed."""
+    are counted (iterations), not timed. Training runs (``meta["mode"]``) also carry the
+    coverage of all their iterations and, given the ``epochs`` rows, the trend of the test
+    top-1 at the end (``gtopk.records.regime.summary_fields``)."""
+    rows = list(rows)
+    regime = summary_fields(rows, meta["params"], epochs) if meta.get("mode") == "train" else {}
     rows = [r for r in rows if not r.get("warmup")]
     skipped = len({r.get("iter") for r in rows if r.get("nonfinite")})
     rows = [r for r in rows if not r.get("nonfinite")]
@@ -266,4 +274,5 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int) -> dict:
     out["t_commu_backward"] = statistics.median(r.get("t_commu_backward", 0.0) for r in rows)
     # the largest worker's peak resident memory in the job (MiB; rows of older runs lack it)
     out["rss_peak_mb"] = max(r.get("rss_peak_mb", 0.0) for r in rows)
+    out.update(regime)
     return out

@@ -10,6 +10,7 @@ one-line message names the setting and the fix (``run.py`` prints it as one line
 * ``placement``: the device and backend a job runs on, resolved from ``device``, ``backend``
   and what the job needs (``auto``: a GPU only for real forward and backward, and only where
   there is one), and the pairs NCCL or gloo cannot run refused.
+* ``model_takes``: the model takes the data's inputs (channels, image size).
 * ``machine_fits``: the workers this job would spawn fit this machine (below);
   ``local_gpus``: under torchrun, this machine's ranks have a GPU each.
 
@@ -153,6 +154,26 @@ def data_fits(cfg: Any, train_size: int | None) -> None:
             f"{cfg.data_name}'s {train_size} training samples split over nodes={cfg.nodes} leave {share} per "
             f"worker; use a smaller batch_size or grad_accum, fewer nodes, or more data"
         )
+
+
+def model_takes(cfg: Any, shape: tuple[int, ...] | None) -> None:
+    """The model's forward pass accepts one input of ``shape`` (the data source's
+    ``sample_shape()``; None: not known, not checked), run on the meta device (no memory,
+    no arithmetic): a grey source's channels against a model fixed at 3, an image size too
+    small for the model's pooling."""
+    if shape is None:
+        return
+    try:
+        with torch.device("meta"):
+            instantiate(cfg.model.net).eval()(torch.empty((1, *shape)))
+    except Exception as e:  # noqa: BLE001 - any failure of the forward pass is a mismatch
+        cause = str(e.__cause__ or e).splitlines()[0][:200]
+        size = f"data.channels={shape[0]}, data.image_size={shape[-1]}" if len(shape) == 3 else f"shape {list(shape)}"
+        raise ConfigError(
+            f"model={cfg.model_name} cannot take {cfg.data_name}'s inputs of {' x '.join(map(str, shape))} "
+            f"({size}): {cause}. Fix: another model, or data.channels=3 for a model fixed at 3 channels, "
+            "or a larger data.image_size"
+        ) from None
 
 
 def count_params(cfg: Any) -> int:

@@ -69,7 +69,9 @@ def validate(cfg: DictConfig) -> None:
         checks.local_gpus(device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     compute = instantiate(cfg.compute)
     if compute.needs_data:
-        checks.data_fits(cfg, instantiate(cfg.data).check())
+        source = instantiate(cfg.data)
+        checks.data_fits(cfg, source.check())
+        checks.model_takes(cfg, source.sample_shape())
 
 
 def torchrun_world() -> tuple[int, int] | None:

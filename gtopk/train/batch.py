@@ -1,6 +1,6 @@
 """A batch already stacked, and the collate_fn that passes it on without a copy per sample.
 
-Below every dataset module (``gtopk.train.data``, ``gtopk.train.digits``): they return a
+Below every dataset module (the package ``gtopk.train.data``): its in-memory sets return a
 ``SyntheticBatch`` from ``__getitems__`` and ``build_loader`` collates with ``collate``.
 """
 

@@ -1,10 +1,12 @@
 """Small datasets written in the real on-disk formats (no downloads): CIFAR-10's python
-pickles and an ImageFolder of PNGs. Used by the tests and by ``analysis.reproduce``
+pickles, an ImageFolder of PNGs, Fashion-MNIST's IDX files. Used by the tests and by ``analysis.reproduce``
 (the CPU smoke runs of the make targets)."""
 
 from __future__ import annotations
 
+import gzip
 import pickle
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +58,34 @@ def write_imagefolder(root: Path, classes: int = 3, per_class: int = 4, size: in
             for i in range(per_class):
                 Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(d / f"{i}.png")
     return root
+
+
+def write_idx(path: Path, array: np.ndarray) -> Path:
+    """A uint8 array as an IDX file (big-endian header: two zero bytes, type 0x08 =
+    unsigned byte, the number of dimensions, then each dimension as 4 bytes), gzipped when
+    ``path`` ends in ``.gz``."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    data = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    data += array.tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") if path.suffix == ".gz" else open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def write_fashion_mnist(root: Path, train: int = 64, test: int = 32, size: int = 28, gz: bool = True, seed: int = 0):
+    """Fashion-MNIST's four IDX files under ``root`` (Debian's names, gzipped unless
+    ``gz=False``): grey images where class c has a bright band at rows 2c..2c+1 (learnable),
+    labels 0..9. Returns {(split, kind): the array written}."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, prefix, n in (("train", "train", train), ("test", "t10k", test)):
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 100, (n, size, size)).astype(np.uint8)
+        for i, c in enumerate(labels):
+            images[i, 2 * c : 2 * c + 2, :] = 255
+        suffix = ".gz" if gz else ""
+        write_idx(root / f"{prefix}-images-idx3-ubyte{suffix}", images)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte{suffix}", labels)
+        out[(split, "images")], out[(split, "labels")] = images, labels
+    return out

@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.host import Clock, heartbeat, one_thread
+from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
 from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
 from gtopk.reducers.base import ReduceRecord
@@ -206,7 +207,8 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
         rows = gather_rows(w)
         if rank != 0:
             return None
-        summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum)
+        epochs = read_jsonl(RunDir(run_dir).epochs) if cfg.mode == "train" else None
+        summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum, epochs)
         summary["weights_identical_across_ranks"] = True
         summary["weights_sha256"] = weights_sha256(w.model)
         summary["env"] = environment(str(device), dist.get_backend())
@@ -290,6 +292,7 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
             it_global += 1
             progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {row['loss']:.3f}")
         metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
+        metrics["coverage"] = coverage(w.rows, w.m)  # so far: this rank's rows of every epoch run
         ckpt.save(w, epoch, metrics)  # before the epoch is recorded: a recorded epoch is never re-run
         if epochs_log:
             epochs_log.write(metrics)

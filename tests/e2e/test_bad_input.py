@@ -134,6 +134,12 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
             ["cluster=simulated", "mode=train", "reducer=ddp", "data=digits"],
             ["reducer=ddp cannot run", "cluster=local"],
         ),
+        (
+            ["mode=train", "data=fashion_mnist", "data.root=/nonexistent/fashion-mnist"],
+            ["Fashion-MNIST not found", "dataset-fashion-mnist", "data.root="],
+        ),
+        (["mode=train", "data=digits", "model=alexnet"], ["model=alexnet cannot take", "data.channels=3"]),
+        (["mode=train", "data=digits", "model=vgg16", "data.image_size=16"], ["model=vgg16", "data.image_size"]),
     ],
 )
 def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):

@@ -88,6 +88,10 @@ def test_train_on_cifar_format_lowers_the_loss(tmp_path):
     epochs = read_jsonl(tmp_path / "run" / "epochs.jsonl")
     assert [e["epoch"] for e in epochs] == [0] and 0 <= epochs[0]["test_top1"] <= 1
     assert rows[0]["density"] == 0.004  # density warm-up in epoch 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    applied = sum(r["update_nnz"] for r in rows) / summary["params"]  # coverage: update_nnz / m summed
+    assert 0 < applied < len(rows) and epochs[0]["coverage"] == pytest.approx(applied)
+    assert summary["coverage"] == pytest.approx(applied) and summary["top1_still_rising"] is None  # 1 epoch
 
 
 @pytest.mark.slow
@@ -129,6 +133,9 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     epochs = [e["epoch"] for e in read_jsonl(tmp_path / "run" / "epochs.jsonl")]
     assert epochs == [0, 1], (done_before, epochs)  # nothing lost, nothing repeated
     assert "resuming from the checkpoint of epoch 0" in out.stderr
+    latest = {r["iter"]: r for r in read_jsonl(tmp_path / "run" / "iters.rank0.jsonl")}  # last attempt's
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["coverage"] == pytest.approx(sum(r["update_nnz"] for r in latest.values()) / summary["params"])
     assert (tmp_path / "run" / "summary.json").exists() and not out.left
 
 

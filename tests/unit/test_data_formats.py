@@ -19,6 +19,20 @@ def test_cifar10_and_imagefolder_load_from_real_formats(tmp_path):
     assert len(train) == 12 and val[0][0].shape == (3, 224, 224)
 
 
+@pytest.mark.parametrize("size", [8, 16])
+def test_cifar10_at_a_smaller_image_size_keeps_the_papers_augmentation_scaled(tmp_path, size):
+    source = Cifar10(str(write_cifar10(tmp_path / "c")), verify=False, image_size=size)
+    train, test = source.datasets()
+    assert train[0][0].shape == (3, size, size) and test[0][0].shape == (3, size, size)
+    crop = next(t for t in source.transforms()[0].transforms if type(t).__name__ == "RandomCrop")
+    assert crop.padding == size // 8 and any(
+        type(t).__name__ == "RandomHorizontalFlip" for t in train.transform.transforms
+    )
+    assert source.sample_shape() == (3, size, size)
+    with pytest.raises(DataError, match="data.image_size=4"):
+        Cifar10(str(tmp_path / "c"), verify=False, image_size=4).check()
+
+
 def test_missing_or_corrupt_data_names_the_path(tmp_path):
     with pytest.raises(DataError, match=str(tmp_path / "cifar-10-batches-py")):
         Cifar10(str(tmp_path)).check()

@@ -1,5 +1,5 @@
 """``data=digits``: scikit-learn's copy of the UCI digits, read without a download, split,
-upscaled and normalised as documented (gtopk/train/digits.py, docs/data.md), augmented
+upscaled and normalised as documented (gtopk/train/data/digits.py, docs/data.md), augmented
 by translation only, and learnable: a short real training run lowers the loss."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gtopk.train import digits
-from gtopk.train.data import DataError, Digits, build_loader
+from gtopk.train.data import DataError, Digits, build_loader, digits
 from gtopk.train.models import ResNet20
 
 
@@ -26,12 +25,13 @@ def test_the_file_read_is_what_load_digits_returns():
 def test_splits_shapes_and_normalisation(size):
     train, test = Digits(image_size=size).datasets()
     assert len(train) == 1437 and len(test) == 360
-    assert train.images.shape == (1437, 3, size, size) and test.images.shape == (360, 3, size, size)
+    assert train.images.shape == (1437, 1, size, size) and test.images.shape == (360, 1, size, size)
     assert train.labels.dtype == torch.int64 and set(train.labels.tolist()) == set(range(10))
     assert min(torch.bincount(train.labels).tolist()) >= 141 and min(torch.bincount(test.labels).tolist()) >= 33
-    mean, std = train.images.mean((0, 2, 3)), train.images.std((0, 2, 3))
-    assert torch.allclose(mean, torch.zeros(3), atol=1e-5) and torch.allclose(std, torch.ones(3), atol=1e-5)
-    assert torch.equal(train.images[:, 0], train.images[:, 2])  # grey, repeated over the channels
+    mean, std = train.images.mean().item(), train.images.std().item()
+    assert abs(mean) < 1e-5 and abs(std - 1) < 1e-5
+    colour, _ = Digits(image_size=size, channels=3).datasets()  # for models fixed at 3 channels
+    assert colour.images.shape == (1437, 3, size, size) and torch.equal(colour.images[:, 2], train.images[:, 0])
     _, labels = digits.load()  # the split is the file's order: first 1,437, last 360
     assert torch.equal(test.labels, torch.from_numpy(labels[1437:]))
 
@@ -49,6 +49,7 @@ def test_sizes_select_the_first_images_and_keep_the_full_split_statistics():
         ({"train_size": 2000}, "data.train_size"),
         ({"test_size": 0}, "data.test_size"),
         ({"image_size": 4}, "data.image_size"),
+        ({"channels": 2}, "data.channels"),
     ],
 )
 def test_bad_sizes_name_the_setting(kwargs, setting):
@@ -77,7 +78,7 @@ def test_a_short_training_run_lowers_the_loss():
     torch.manual_seed(0)
     train, test = Digits(image_size=16, train_size=480).datasets()
     loader, sampler = build_loader(train, 32, 0, 1, True, 0, 0)
-    model = ResNet20(num_classes=10)
+    model = ResNet20(num_classes=10, in_channels=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
 
     @torch.no_grad()
