@@ -14,7 +14,7 @@ FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
+.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJE
 
 reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
 	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" $(ARGS)
+
+reproduce-fig6-baselines: setup  ## DDP-fp16 and PowerSGD (torch's hooks) beside Fig. 6 / Table IV / breakdown, into the runs of reproduce-fig6
+	$(REPRODUCE) fig6 experiment=fig6_baselines --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
 reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs of reproduce-fig6)
 	$(REPRODUCE) table4 --netbench "$(NETBENCH_ARGS)" $(ARGS)

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from analysis.load import load_jobs  # noqa: E402
 
 #: the order reducers appear in (others follow, sorted)
-REDUCER_ORDER = ("dense", "ddp", "topk", "gtopk")
+REDUCER_ORDER = ("dense", "ddp", "ddp_fp16", "powersgd", "topk", "gtopk")
 #: the order models appear in: the paper's (Fig. 6, Table IV); others follow, sorted
 MODEL_ORDER = ("vgg16", "resnet20", "alexnet", "resnet50")
 #: marker per measured reducer line

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from gtopk import paper
-from gtopk.perf.model import LOCAL_TIMES, NetworkProfile, predict_iter
+from gtopk.perf.model import LOCAL_TIMES, NetworkProfile, model_shapes, predict_iter
 
 SETUP = ["name", "cluster", "compute", "model", "batch_per_worker", "grad_accum_steps", "density"]
 V = "images_per_s_per_worker"
@@ -120,7 +120,8 @@ def modelled(
     rows = []
     for _, lt in local_times(jobs, local_from).iterrows():
         for P in nodes:
-            pred = predict_iter(lt["reducer_cfg"], int(P), lt["params"], net.network, lt, lt["images_per_iter"])
+            shapes = model_shapes(lt["model"])  # PowerSGD's model needs the layers
+            pred = predict_iter(lt["reducer_cfg"], int(P), lt["params"], net.network, lt, lt["images_per_iter"], shapes)
             rows.append(
                 {
                     **{k: lt[k] for k in SETUP + ["reducer"]},

@@ -11,10 +11,16 @@ computation is over when the last bucket is ready; what backward spends after th
 communication it could not hide, and the training loop reports it as t_commu (the rest
 of backward stays t_compute). The whole all-reduce window, hidden or not, is recorded as
 ``t_commu_backward``.
+
+The hook baselines (``baselines.fp16``, ``baselines.powersgd``) are this reducer with
+another communication inside the same timing hook: torch's own hooks, called as they are
+(``communicate``). The hook also notes the elements each bucket's all-reduces carried, from
+which the record reports what the step sent (``payload_bytes``, and ring traffic).
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,11 +29,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
-from gtopk.reducers.costmodel import dense_traffic
+from gtopk.reducers.costmodel import VALUE_BYTES, dense_traffic
 from gtopk.reducers.dense import DenseReducer
 from gtopk.train.backward import Backward, BackwardCommu
 
 Stamp = float | torch.cuda.Event
+#: (state, bucket) -> (future of the bucket's averaged gradient, elements of each all-reduce issued)
+Communicate = Callable[[object, dist.GradBucket], tuple[torch.futures.Future[Tensor], list[int]]]
 
 
 class TimedAllReduce(Backward):
@@ -45,8 +53,10 @@ class TimedAllReduce(Backward):
     Durations are read from the events in ``take``, after the loop's syncing clock.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, communicate: Communicate | None = None):
         self.cuda = device.type == "cuda"
+        self.communicate = communicate or mean_allreduce
+        self._sent: list[int] = []  # elements of every all-reduce since the last take_sent
         self.clock = Clock(torch.device("cpu"))  # never waits: CUDA work is stamped with events
         self._ready: list[Stamp] = []
         self._done: list[Stamp] = []
@@ -65,20 +75,24 @@ class TimedAllReduce(Backward):
             return a.elapsed_time(b) / 1e3
         return b - a
 
-    def hook(self, group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-        """Called by DDP when ``bucket`` is ready: DDP's own all-reduce, stamped at its
-        start and completion. The bucket is scaled by 1/P and summed, as DDP does without
-        a hook (torch's ``allreduce_hook`` divides by P instead, which differs in the last
-        bit when P is not a power of two), so the averaged gradient is bit-identical."""
+    def hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+        """Called by DDP when ``bucket`` is ready: ``communicate(state, bucket)`` (DDP's own
+        mean all-reduce unless given another), stamped at its start and completion."""
         self._ready.append(self._stamp())
-        buffer = bucket.buffer()
-        buffer.mul_(1.0 / dist.get_world_size(group))
+        fut, sent = self.communicate(state, bucket)
+        self._sent.extend(sent)
 
-        def completed(fut: torch.futures.Future[list[Tensor]]) -> Tensor:
+        def completed(f: torch.futures.Future) -> Tensor:
             self._done.append(self._stamp())
-            return fut.value()[0]
+            value = f.value()
+            return value[0] if isinstance(value, list) else value
 
-        return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(completed)
+        return fut.then(completed)
+
+    def take_sent(self) -> list[int]:
+        """Elements of each all-reduce the hook issued since the last call (then forgotten)."""
+        sent, self._sent = self._sent, []
+        return sent
 
     def run(self, loss: Tensor) -> None:
         """Collective (DDP's all-reduces). One backward pass; DDP returns from it once every
@@ -98,9 +112,23 @@ class TimedAllReduce(Backward):
         return out
 
 
+def mean_allreduce(group: dist.ProcessGroup | None, bucket: dist.GradBucket):
+    """Collective. DDP's own averaging, as a hook: the bucket is scaled by 1/P and summed,
+    as DDP does without a hook (torch's ``allreduce_hook`` divides by P instead, which
+    differs in the last bit when P is not a power of two), so the averaged gradient is
+    bit-identical."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size(group))
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future(), [buffer.numel()]
+
+
 class DDPReducer(DenseReducer):
-    """Collective work happens in DDP's backward hooks (``all_reduce`` per bucket); the
-    record reports the same nominal ring traffic as ``DenseReducer``."""
+    """Collective work happens in DDP's backward hooks (``all_reduce`` per bucket). The
+    record reports what those all-reduces carried (``payload_bytes``) and their nominal
+    ring traffic (``gtopk.reducers.costmodel.dense_traffic``) over the buckets DDP built."""
+
+    #: bytes per element on the wire (the fp16 hook: 2)
+    word: int = VALUE_BYTES
 
     #: the model (gtopk.perf.model) takes max(t_compute, t_commu) instead of their sum
     overlaps_backward = True
@@ -121,11 +149,25 @@ class DDPReducer(DenseReducer):
             ddp = DistributedDataParallel(
                 model, bucket_cap_mb=self.bucket_mb, process_group=self.group, broadcast_buffers=False, init_sync=False
             )
-        self.hooked_backward = TimedAllReduce(next(model.parameters()).device)
-        ddp.register_comm_hook(self.group, self.hooked_backward.hook)  # hook(group, bucket)
+        self.hooked_backward = TimedAllReduce(next(model.parameters()).device, self.communicate)
+        ddp.register_comm_hook(self.hook_state(), self.hooked_backward.hook)  # hook(state, bucket)
         return ddp
 
+    def hook_state(self) -> object:
+        """The state DDP passes to the hook (here: the process group)."""
+        return self.group
+
+    def communicate(self, state: object, bucket: dist.GradBucket):
+        """Collective. One bucket's communication (see ``Communicate``)."""
+        return mean_allreduce(state, bucket)
+
+    def _sent(self) -> list[int]:
+        """Elements of the all-reduces the hook issued since the last step (P = 1: none)."""
+        return self.hooked_backward.take_sent() if self.hooked_backward else []
+
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
+        sent = [n for n in self._sent() if n]
         rec.selected = grad.numel()
-        rec.set_traffic(dense_traffic(self.world_size, self.bucket_sizes(grad.numel())))
+        rec.payload_bytes = sum(sent) * self.word
+        rec.set_traffic(dense_traffic(self.world_size, sent, self.word))
         return grad if out is None or out is grad else out.copy_(grad)

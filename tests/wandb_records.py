@@ -117,18 +117,18 @@ PAYOFF = (
     [
         "model", "data", "batch_per_worker", "grad_accum", "density", "nodes", "network", "compute_profile",
         "target", "reducer", "status", "iterations_to_target", "t_iter", "time_to_target", "speedup_vs_ddp",
-        "bandwidth_gbps", "calibrated", "target_acc", "iterations_from_nodes", "borrowed", "iterations_source",
+        "speedup_vs_ddp_fp16", "bandwidth_gbps", "calibrated", "target_acc", "iterations_from_nodes", "borrowed", "iterations_source",
         "iterations_detail", "t_iter_source", "t_iter_detail", "time_source",
     ],
     [
         [
             "resnet20", "digits", 32, 1, 0.001, 4, "emulated (0.955 Gbit/s)", "p102", "99 % of dense", "gtopk", "ok",
-            396, 0.052, 20.592, 1.202, 0.955, True, 0.973, 4, False, "measured",
+            396, 0.052, 20.592, 1.202, None, 0.955, True, 0.973, 4, False, "measured",
             "training run, P=4: 1/1 runs reached it", "measured", "benchmark job", "measured",
         ],
         [
             "resnet20", "digits", 32, 1, 0.001, 4, "emulated (0.955 Gbit/s)", "p102", "99 % of dense", "ddp", "ok",
-            165, 0.15, 24.75, 1.0, 0.955, True, 0.973, 4, False, "measured",
+            165, 0.15, 24.75, 1.0, None, 0.955, True, 0.973, 4, False, "measured",
             "dense training run (same update), P=4: 1/1 runs reached it", "modelled",
             "t_compute p102, overheads benchmark P=1", "modelled",
         ],

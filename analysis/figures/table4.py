@@ -1,6 +1,7 @@
 """Table IV: scaling efficiency at each P per reducer, and the speedups of gTop-k over
-dense, Top-k and DDP, and of Top-k and dense over DDP (the baseline a user would pick
-instead; ratios of throughput, hence of efficiency), beside the paper's.
+dense, Top-k and DDP, over the stronger baselines DDP-fp16 and PowerSGD (torch's hooks, when
+their runs exist: ``make reproduce-fig6-baselines``), and of Top-k and dense over DDP (the
+baseline a user would pick instead; ratios of throughput, hence of efficiency), beside the paper's.
 
     python -m analysis.figures.table4 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     add_model_args(ap)
     ap.add_argument(
         "--speedups",
-        default="gtopk/dense,gtopk/topk,gtopk/ddp,topk/ddp,dense/ddp",
+        default="gtopk/dense,gtopk/topk,gtopk/ddp,gtopk/ddp_fp16,gtopk/powersgd,topk/ddp,dense/ddp",
         help="comma-separated NUMERATOR/DENOMINATOR reducer pairs",
     )
     args = ap.parse_args(argv)

@@ -171,12 +171,20 @@ def setup_rows(
     return rows
 
 
+#: payoff.csv's speedup columns: speedup_vs_<baseline> = its time_to_target / the row's, per cell
+SPEEDUP_BASELINES = (BASELINE, "ddp_fp16")
+
+
 def with_speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Adds ``speedup_vs_ddp`` = DDP's time_to_target / this row's, per cell."""
-    ddp = df[df["reducer"] == BASELINE][CELL + ["time_to_target"]].rename(columns={"time_to_target": "ddp_time"})
-    out = df.merge(ddp, on=CELL, how="left")
-    out["speedup_vs_ddp"] = out["ddp_time"] / out["time_to_target"]
-    return out.drop(columns=["ddp_time"])
+    """Adds ``speedup_vs_ddp`` and ``speedup_vs_ddp_fp16`` (NaN where that baseline has no
+    time: DDP-fp16 needs its own training run, its update is not dense's)."""
+    out = df
+    for base in SPEEDUP_BASELINES:
+        t = df[df["reducer"] == base][CELL + ["time_to_target"]].rename(columns={"time_to_target": "base_time"})
+        out = out.merge(t, on=CELL, how="left")
+        out[f"speedup_vs_{base}"] = out["base_time"] / out["time_to_target"]
+        out = out.drop(columns=["base_time"])
+    return out
 
 
 def payoff_table(
@@ -193,7 +201,8 @@ def payoff_table(
         groups[r.setup].append(r)
     rows = [row for key in sorted(groups) for row in setup_rows(groups[key], targets, nets, computes, times, borrow)]
     df = with_speedups(pd.DataFrame(rows))
-    front = CELL + ["reducer", "status", "iterations_to_target", "t_iter", "time_to_target", "speedup_vs_ddp"]
+    front = CELL + ["reducer", "status", "iterations_to_target", "t_iter", "time_to_target"]
+    front += [f"speedup_vs_{b}" for b in SPEEDUP_BASELINES]
     return df[front + [c for c in df.columns if c not in front]]
 
 

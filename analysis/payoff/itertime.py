@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis.scaling import rest_of_iteration
 from gtopk.paper import single_node_throughput
-from gtopk.perf.model import NetworkProfile, predict_iter
+from gtopk.perf.model import NetworkProfile, model_shapes, predict_iter
 from gtopk.records.profiles import LOCAL_PROFILE
 from gtopk.records.rundir import finished
 
@@ -214,7 +214,10 @@ class IterTimes:
             return None, f"no benchmark job or training steps of {reducer.label} for its overheads"
         local, where = over
         local = {**local, "t_compute": t_compute}
-        pred = predict_iter(reducer.cfg, P, params, net.profile.network, local, batch * accum)
+        try:  # PowerSGD's model needs the layers: the model's config
+            pred = predict_iter(reducer.cfg, P, params, net.profile.network, local, batch * accum, model_shapes(model))
+        except ValueError as e:
+            return None, str(e)
         return {**local, **pred}, f"t_compute {compute.name}, overheads {where}"
 
     def t_iter(

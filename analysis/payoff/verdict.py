@@ -11,8 +11,18 @@ import math
 import pandas as pd
 
 MODELS = {"resnet20": "ResNet-20", "vgg16": "VGG-16", "alexnet": "AlexNet", "resnet50": "ResNet-50"}
-REDUCERS = {"gtopk": "gTop-k", "gtopk_exact": "gTop-k exact", "topk": "Top-k", "dense": "dense", "ddp": "DDP"}
+REDUCERS = {
+    "gtopk": "gTop-k",
+    "gtopk_exact": "gTop-k exact",
+    "topk": "Top-k",
+    "dense": "dense",
+    "ddp": "DDP",
+    "ddp_fp16": "DDP-fp16",
+    "powersgd": "PowerSGD",
+}
 BASELINE = "ddp"
+#: the stronger baselines a verdict also names, when they were trained (DDP-fp16 is payoff.csv's second column)
+ALSO_AGAINST = ("ddp_fp16", "powersgd")
 SETUP = ["model", "data", "batch_per_worker", "grad_accum"]
 CELL = SETUP + ["density", "nodes", "network", "compute_profile", "target"]
 #: a cell's state when no reducer reaches the target, by priority
@@ -77,7 +87,7 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     best = both[gain].loc[both[gain]["speedup"].idxmax()]
     text = (
         f"{head}{display(best['fastest'])} reaches {target} {best['speedup']:.1f}x sooner than DDP "
-        f"at P = {int(best['nodes'])}"
+        f"{against(rows, best['fastest'], int(best['nodes']))}at P = {int(best['nodes'])}"
     )
     losing = both[~gain]["nodes"]
     if losing.empty:
@@ -87,6 +97,20 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     else:
         text += f"; no gain at P = {_ps(losing)}"
     return text + tail
+
+
+def against(rows: pd.DataFrame, label: str, P: int) -> str:
+    """``"and 1.4x as soon as DDP-fp16 and 0.9x as soon as PowerSGD "``: ``label``'s time to
+    target at P against each of ``ALSO_AGAINST`` that has one there (their time / its time;
+    nothing for a baseline without a time there, e.g. not trained)."""
+    ok = rows[(rows["nodes"] == P) & (rows["status"] == "ok")].dropna(subset=["time_to_target"])
+    mine = ok[ok["reducer"] == label]["time_to_target"]
+    parts = []
+    for other in ALSO_AGAINST:
+        theirs = ok[ok["reducer"] == other]["time_to_target"]
+        if other != label and not mine.empty and not theirs.empty:
+            parts.append(f"{theirs.min() / mine.min():.1f}x as soon as {display(other)}")
+    return "".join(f"and {p} " for p in parts)
 
 
 def verdicts(df: pd.DataFrame, cells: pd.DataFrame) -> list[tuple[bool, str]]:

@@ -15,6 +15,7 @@ measurement for every finished job under the given directories.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -108,19 +109,46 @@ def _reducer_class(reducer_cfg: Mapping):
     return get_class(reducer_cfg["_target_"])
 
 
-def predict_commu(reducer_cfg: Mapping, P: int, m: int, net: Network) -> float:
-    """t_commu of one reduce of an m-entry gradient on P ranks (the config's class decides)."""
+def predict_commu(reducer_cfg: Mapping, P: int, m: int, net: Network, shapes: list | None = None) -> float:
+    """t_commu of one reduce of an m-entry gradient on P ranks (the config's class decides;
+    PowerSGD also needs the parameters' ``shapes``, see ``param_shapes``)."""
     settings = {k: v for k, v in reducer_cfg.items() if k != "_target_"}
-    return _reducer_class(reducer_cfg).predict_commu(P, m, net, **settings)
+    return _reducer_class(reducer_cfg).predict_commu(P, m, net, shapes=shapes, **settings)
+
+
+def param_shapes(model_cfg: Mapping) -> list[tuple[int, ...]]:
+    """Shapes of the parameters of a model config's ``net``, built on the meta device."""
+    import torch
+    from hydra.utils import instantiate
+
+    with torch.device("meta"):
+        net = instantiate(model_cfg["net"])
+    return [tuple(p.shape) for p in net.parameters()]
+
+
+@functools.cache
+def model_shapes(name: str) -> list[tuple[int, ...]] | None:
+    """``param_shapes`` of ``conf/model/<name>.yaml`` (None when there is no such config),
+    for the reducers whose model needs the layers (PowerSGD)."""
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{name}.yaml"
+    return param_shapes(OmegaConf.to_container(OmegaConf.load(path))) if path.exists() else None
 
 
 def predict_iter(
-    reducer_cfg: Mapping, P: int, m: int, net: Network, local: Mapping[str, float], images_per_iter: int
+    reducer_cfg: Mapping,
+    P: int,
+    m: int,
+    net: Network,
+    local: Mapping[str, float],
+    images_per_iter: int,
+    shapes: list | None = None,
 ) -> dict:
     """Predicted t_commu, t_iter and images/s per worker at P, from local times ``local``
     (t_data, t_compute, t_compr, t_update of a job; missing ones count as 0)."""
     t = {k: float(local.get(k, 0.0)) for k in LOCAL_TIMES}
-    t_commu = predict_commu(reducer_cfg, P, m, net)
+    t_commu = predict_commu(reducer_cfg, P, m, net, shapes)
     if getattr(_reducer_class(reducer_cfg), "overlaps_backward", False):
         body = max(t["t_compute"], t_commu)
     else:
@@ -137,9 +165,8 @@ def finished_jobs(roots: Iterable[str | Path]) -> list[tuple[dict, dict]]:
 def compare(summary: Mapping, cfg: Mapping, net: Network) -> dict:
     """Measured against predicted t_commu and t_iter for one finished job."""
     P, m = int(summary["nodes"]), int(summary["params"])
-    pred = predict_iter(
-        cfg["reducer"], P, m, net, summary, int(summary["batch_per_worker"]) * int(summary["grad_accum_steps"])
-    )
+    images = int(summary["batch_per_worker"]) * int(summary["grad_accum_steps"])
+    pred = predict_iter(cfg["reducer"], P, m, net, summary, images, model_shapes(str(summary["model"])))
     out = {k: summary.get(k) for k in ("reducer", "model", "nodes", "density", "compute", "cluster")}
     out.update(
         t_commu_measured=summary["t_commu"],

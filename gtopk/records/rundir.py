@@ -263,6 +263,8 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: It
     out["images_per_s_per_worker"] = images_per_iter / med["t_iter"]
     out["bytes_sent_per_iter"] = statistics.median(r["bytes_sent"] for r in rows)
     out["bytes_recv_per_iter"] = statistics.median(r["bytes_recv"] for r in rows)
+    payload = [r["payload_bytes"] for r in rows if r.get("payload_bytes") is not None]
+    out["payload_bytes_per_iter"] = statistics.median(payload) if payload else None  # DDP and its hook baselines
     # t_commu of the rank that entered each step's collective last (it waited for no
     # other rank's compute or selection): the collective's own time, skew excluded
     by_iter: dict = {}

@@ -60,6 +60,9 @@ class ReduceRecord:
         dense update (and summing Top-k's P sets) is applying it: the training loop counts
         it in t_update. (The paper's t_commu includes that scatter.)
     t_merge: the part of t_commu spent in gTop-k's merges.
+    payload_bytes: bytes of the tensors the step's all-reduces carried (the DDP hook
+        baselines: fp32 buckets, fp16 buckets, or PowerSGD's uncompressed tensors, Ps and
+        Qs, from the hook itself); None for the reducers that do not report it.
     With ``Reducer.diagnostics`` (else None): update_nnz, coordinates the update writes (the
     same on every rank); residual_norm, L2 of this rank's residual after the step (0: none);
     lost_l1, gradient neither applied nor kept (gTop-k ``putback=index``: L1 of the partial
@@ -77,6 +80,7 @@ class ReduceRecord:
     update_nnz: int | None = None
     residual_norm: float | None = None
     lost_l1: float | None = None
+    payload_bytes: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -187,6 +191,13 @@ class Reducer(ABC):
         """Alpha-beta time of one ``reduce``'s communication for P ranks and m entries,
         with this reducer's config ``settings`` (no process group needed)."""
         raise NotImplementedError(f"{cls.__name__} has no communication model")
+
+    @classmethod
+    def check_job(cls, cfg, backend: str) -> None:
+        """Settings that depend on the job (mode, warm-up, backend) rather than on the
+        reducer alone: raise a one-line ValueError naming the setting and the fix. Called
+        in the parent before any process starts (``gtopk.run.checks.reducer_settings``)."""
+        return None
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module the training loop runs forward/backward on (DDP wraps it)."""

@@ -170,3 +170,62 @@ def gtopk_time(P: int, k: int, m: int, net: Network, algorithm: str, putback: st
     if putback == "exact":
         t += rd_time(P, k * VALUE_BYTES, net)
     return t
+
+
+# ---------------------------------------------------------------- DDP's buckets; the hook baselines
+def ddp_buckets(
+    shapes: list[tuple[int, ...]], bucket_mb: float, word: int = VALUE_BYTES
+) -> list[list[tuple[int, ...]]]:
+    """DDP's buckets after its rebuild at the end of the first iteration (what every later
+    step all-reduces), for parameters of ``shapes`` in model order: gradients in the order
+    backward produces them (last layer first, for a sequential model), a bucket closing
+    once it holds ``bucket_mb`` MiB or more (one tensor may take it over). The first
+    bucket has the same cap when ``bucket_cap_mb`` is given, as ``baselines`` does."""
+    cap, out, cur, size = int(bucket_mb * 2**20), [], [], 0
+    for shape in reversed(shapes):
+        cur.append(tuple(shape))
+        size += math.prod(shape) * word
+        if size >= cap:
+            out.append(cur)
+            cur, size = [], 0
+    return out + ([cur] if cur else [])
+
+
+def powersgd_matrix(shape: tuple[int, ...], rank: int, min_compression_rate: float) -> tuple[bool, int, int, int]:
+    """torch's PowerSGD rule for one gradient (``powerSGD_hook``'s Step I with
+    ``_should_compress``): viewed as an n x m matrix (n = shape[0]) of rank r = min(n, m,
+    rank), it is compressed to P (n x r) and Q (m x r) when (n + m) r times
+    ``min_compression_rate`` < n m, else all-reduced as it is. Returns (compressed, n, m, r)."""
+    n = shape[0]
+    m = math.prod(shape) // n
+    r = min(n, m, rank)
+    return (n + m) * r * min_compression_rate < n * m, n, m, r
+
+
+def powersgd_allreduces(bucket: list[tuple[int, ...]], rank: int, min_compression_rate: float) -> list[int]:
+    """Elements of the three all-reduces PowerSGD issues for one bucket, one after the
+    other: the uncompressed tensors (concatenated), then all Ps, then all Qs."""
+    plain = ps = qs = 0
+    for shape in bucket:
+        compressed, n, m, r = powersgd_matrix(shape, rank, min_compression_rate)
+        if compressed:
+            ps, qs = ps + n * r, qs + m * r
+        else:
+            plain += n * m
+    return [plain, ps, qs]
+
+
+def ring_time(P: int, n: int, net: Network, word: int = VALUE_BYTES) -> float:
+    """One ring all-reduce of n elements (none for an empty tensor)."""
+    return 0.0 if P == 1 or n == 0 else 2 * (P - 1) * net.msg(ring_chunk(n, P) * word)
+
+
+def powersgd_time(
+    P: int, buckets: list[list[tuple[int, ...]]], net: Network, rank: int, min_compression_rate: float
+) -> float:
+    """Critical-path time of one step of torch's PowerSGD hook: per bucket, the ring
+    all-reduces of the uncompressed tensors, of P and of Q one after the other (each with
+    its latency term), the buckets one after another. Compression arithmetic not counted."""
+    return sum(
+        ring_time(P, n, net) for bucket in buckets for n in powersgd_allreduces(bucket, rank, min_compression_rate)
+    )

@@ -128,17 +128,22 @@ def validate(cfg: Any) -> None:
         )
 
 
-def reducer_settings(cfg: Any) -> None:
+def reducer_settings(cfg: Any, backend: str = "gloo") -> None:
     """Build the reducer here, in the parent: its constructor checks its settings
     (density, algorithm, put-back, bucket size) and, with no process group in this
-    process, makes a one-worker reducer that communicates nothing."""
+    process, makes a one-worker reducer that communicates nothing. Then its
+    ``check_job`` checks what depends on the job (mode, warm-up, ``backend``)."""
     from hydra.errors import InstantiationException
 
     try:
-        instantiate(cfg.reducer)
+        reducer = instantiate(cfg.reducer)
     except InstantiationException as e:
         cause = e.__cause__
         raise ConfigError(str(cause if isinstance(cause, ValueError) else e).splitlines()[0]) from None
+    try:
+        type(reducer).check_job(cfg, backend)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def data_fits(cfg: Any, train_size: int | None) -> None:

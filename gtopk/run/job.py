@@ -54,9 +54,9 @@ def validate(cfg: DictConfig) -> None:
     except Exception as e:  # noqa: BLE001 - any import problem is a bad setting
         raise ConfigError(
             f"reducer._target_={cfg.reducer._target_} cannot be imported ({e}); "
-            "pick reducer=dense|topk|gtopk|ddp or fix the class path"
+            "pick reducer=dense|topk|gtopk|ddp|ddp_fp16|powersgd or fix the class path"
         ) from None
-    checks.reducer_settings(cfg)
+    checks.reducer_settings(cfg, resolve_backend(cfg))
     cluster = instantiate(cfg.cluster)
     try:
         cluster.check_job(cfg)

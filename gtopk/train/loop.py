@@ -115,7 +115,12 @@ class Worker:
         t.update(
             bytes_sent=rec.bytes_sent, bytes_recv=rec.bytes_recv, messages_sent=rec.messages_sent, selected=rec.selected
         )
-        t.update(update_nnz=rec.update_nnz, residual_norm=rec.residual_norm, lost_l1=rec.lost_l1)
+        t.update(
+            update_nnz=rec.update_nnz,
+            residual_norm=rec.residual_norm,
+            lost_l1=rec.lost_l1,
+            payload_bytes=rec.payload_bytes,
+        )
         return t
 
     def apply(self, update: torch.Tensor, lr: float) -> None:

@@ -100,7 +100,10 @@ SLOW_TWINS = [
 @pytest.mark.parametrize(
     "args,fragments",
     [
-        (["reducer=nope"], ["reducer=nope is unknown; choose one of ddp, dense, gtopk, gtopk_exact, topk"]),
+        (
+            ["reducer=nope"],
+            ["reducer=nope is unknown; choose one of ddp, ddp_fp16, dense, gtopk, gtopk_exact, powersgd, topk"],
+        ),
         *SLOW_TWINS,
         (["density=0"], ["density=0 is outside (0, 1]", "density=0.001"]),
         # a machine without a GPU (this one; make test hides any): no rank starts to die on it
@@ -140,6 +143,19 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
         ),
         (["mode=train", "data=digits", "model=alexnet"], ["model=alexnet cannot take", "data.channels=3"]),
         (["mode=train", "data=digits", "model=vgg16", "data.image_size=16"], ["model=vgg16", "data.image_size"]),
+        (
+            ["cluster=simulated", "mode=train", "reducer=powersgd", "data=digits"],
+            ["reducer=powersgd cannot run", "cluster=local"],
+        ),
+        (["reducer=ddp_fp16", "reducer.dtype=bfloat16", "device=cpu"], ["reducer.dtype=bfloat16 needs CUDA and NCCL"]),
+        (["reducer=ddp_fp16", "reducer.dtype=int8"], ["reducer.dtype='int8' is unknown; choose one of float16"]),
+        (
+            ["reducer=powersgd", "reducer.start_powerSGD_iter=1000", "benchmark.warmup=2"],
+            ["reducer.start_powerSGD_iter=1000 is after benchmark.warmup=2", "reducer.start_powerSGD_iter<=2"],
+        ),
+        (["reducer=powersgd", "reducer.start_powerSGD_iter=1"], ["reducer.start_powerSGD_iter=1 must be >= 2"]),
+        (["reducer=powersgd", "reducer.matrix_approximation_rank=0"], ["reducer.matrix_approximation_rank=0"]),
+        (["reducer=powersgd", "reducer.warm_start=maybe"], ["reducer.warm_start='maybe' must be true or false"]),
     ],
 )
 def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):

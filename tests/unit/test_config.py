@@ -14,11 +14,14 @@ from omegaconf import OmegaConf
 
 from tests.config import options
 
+#: experiments whose runs join another experiment's folder (the hook baselines beside its reducers)
+INTO = {"fig6_baselines": "fig6_reproduce", "fig5_baselines": "fig5_quick"}
+
 
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(compose, experiment):
     cfg = compose([f"experiment={experiment}"])
-    assert cfg.name == ("default" if experiment == "quick" else experiment)
+    assert cfg.name == {"quick": "default", **INTO}.get(experiment, experiment)
     if experiment == "model_validation":  # the quick Fig. 5 runs' batch at P = 4: payoff's measured t_iter
         assert cfg.batch_size == compose(["experiment=fig5_quick", "nodes=4"]).batch_size
     elif experiment != "quick":  # the paper's per-worker batch, not the quick demo's

@@ -86,3 +86,49 @@ def test_gtopk_beats_dense_and_topk_at_scale_in_the_model():
     for P in (16, 32, 1024):
         g = cm.gtopk_time(P, k, m, net, "tree", "index")
         assert g < cm.topk_time(P, k, m, net) < cm.dense_time(P, sizes, net)
+
+
+def test_ddp_buckets_follow_backward_order_and_close_at_the_cap():
+    # 0.001 MiB = 1048 bytes = 262 fp32 entries; last parameter first
+    shapes = [(100,), (10, 20), (50,), (300,)]
+    assert cm.ddp_buckets(shapes, 0.001) == [[(300,)], [(50,), (10, 20), (100,)]]
+    assert cm.ddp_buckets(shapes, 25.0) == [[(300,), (50,), (10, 20), (100,)]]
+
+
+def test_powersgd_rule_matches_torchs():
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    for shape in [(64, 3, 3, 3), (10, 512), (512,), (4, 4), (100, 100), (3, 1000)]:
+        compressed, n, m, r = cm.powersgd_matrix(shape, 2, 2.0)
+        assert (n, m, r) == (shape[0], math.prod(shape) // shape[0], min(shape[0], math.prod(shape) // shape[0], 2))
+        assert compressed == _should_compress(n, m, r, 2.0)[0], shape
+
+
+def test_powersgd_allreduces_and_time_by_hand():
+    # rank 2: (64, 27) -> P 64*2, Q 27*2 (182 * 2 = 364 < 1728); (64,) and (4, 4) stay ((4 + 4) * 2 * 2 = 32 > 16)
+    bucket = [(64,), (64, 3, 3, 3), (4, 4)]
+    assert cm.powersgd_allreduces(bucket, 2, 2.0) == [64 + 16, 128, 54]
+    # P = 4: chunks 20, 32, 14 (54/4 rounded up); each all-reduce 6 messages
+    want = 6 * (A + 20 * 4 * B) + 6 * (A + 32 * 4 * B) + 6 * (A + 14 * 4 * B)
+    assert cm.powersgd_time(4, [bucket], NET, 2, 2.0) == pytest.approx(want)
+    # an empty all-reduce costs nothing; two buckets add up
+    assert cm.powersgd_time(4, [[(64, 27)], [(64, 27)]], NET, 2, 2.0) == pytest.approx(
+        2 * (6 * (A + 32 * 4 * B) + 6 * (A + 14 * 4 * B))
+    )
+    assert cm.powersgd_time(1, [bucket], NET, 2, 2.0) == 0.0
+
+
+def test_fp16_is_dense_with_half_the_bytes():
+    from baselines.fp16 import DDPFp16Reducer
+
+    m = 1000  # one bucket; chunks of 250 at P = 4
+    assert DDPFp16Reducer.predict_commu(4, m, NET) == pytest.approx(6 * (A + 250 * 2 * B))
+
+
+def test_powersgd_prediction_needs_shapes_and_uses_ddps_buckets():
+    from baselines.powersgd import PowerSGDReducer
+
+    with pytest.raises(ValueError, match="shapes"):
+        PowerSGDReducer.predict_commu(4, 1728, NET)
+    got = PowerSGDReducer.predict_commu(4, 1728 + 64, NET, shapes=[(64, 3, 3, 3), (64,)])
+    assert got == pytest.approx(6 * (A + 16 * 4 * B) + 6 * (A + 32 * 4 * B) + 6 * (A + 14 * 4 * B))

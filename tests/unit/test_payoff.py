@@ -234,3 +234,34 @@ def test_no_network_profile_calibrates_this_machines_cluster(records, monkeypatc
     assert len(calls) == 1 and "experiment=fig6_reproduce" in calls[0]
     assert "calibrating this machine's emulated network first" in capsys.readouterr().out
     assert "here (1 Gbit/s)" in set(pd.read_csv("out/payoff.csv")["network"])
+
+
+def test_ddp_fp16_is_a_second_speedup_column_and_both_baselines_are_named_in_the_verdict():
+    from analysis.payoff.verdict import CELL, fastest, verdict
+
+    cell = {"model": "resnet20", "data": "digits", "batch_per_worker": 32, "grad_accum": 1, "density": 0.001}
+    cell.update(network="1 Gbit/s", compute_profile="p102", target="99 % of dense", bandwidth_gbps=1.0)
+    times = {"ddp": 28.0, "ddp_fp16": 14.0, "powersgd": 9.0, "gtopk": 10.0}
+    rows = pd.DataFrame(
+        [
+            {
+                **cell,
+                "nodes": 4,
+                "reducer": r,
+                "status": "ok",
+                "time_to_target": t,
+                "calibrated": True,
+                "borrowed": False,
+            }
+            for r, t in times.items()
+        ]
+    )
+    df = payoff.with_speedups(rows)
+    g = df[df["reducer"] == "gtopk"].iloc[0]
+    assert (g["speedup_vs_ddp"], g["speedup_vs_ddp_fp16"]) == (2.8, 1.4)
+    cells = fastest(df[df["reducer"] != "powersgd"])  # PowerSGD fastest otherwise
+    assert verdict(cells, df) == (
+        "ResNet-20, rho 0.001, 1 Gbit/s, compute p102: gTop-k reaches 99 % of dense 2.8x sooner than DDP "
+        "and 1.4x as soon as DDP-fp16 and 0.9x as soon as PowerSGD at P = 4; a gain at every trained P (4)"
+    )
+    assert set(CELL) <= set(df.columns)

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 
 from baselines.ddp import DDPReducer
+from baselines.fp16 import DDPFp16Reducer
+from baselines.powersgd import PowerSGDReducer
 from gtopk.reducers import DenseReducer, GTopKReducer, Reducer, TopKReducer, reference
 from gtopk.reducers.selection import k_for
 from gtopk.run.checks import ConfigError, reducer_settings
@@ -26,7 +28,12 @@ SPARSE: dict[str, Callable[[], Reducer]] = {
     "gtopk-rd-index": lambda: GTopKReducer(DENSITY, algorithm="recursive_doubling"),
     "gtopk-rd-exact": lambda: GTopKReducer(DENSITY, algorithm="recursive_doubling", putback="exact"),
 }
-DENSE: dict[str, Callable[[], Reducer]] = {"dense": lambda: DenseReducer(bucket_mb=0.001), "ddp": DDPReducer}
+DENSE: dict[str, Callable[[], Reducer]] = {
+    "dense": lambda: DenseReducer(bucket_mb=0.001),
+    "ddp": DDPReducer,
+    "ddp_fp16": DDPFp16Reducer,
+    "powersgd": PowerSGDReducer,
+}
 
 
 def reference_step(name: str, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,6 +170,13 @@ def test_a_bad_density_is_a_one_line_error_and_changes_nothing(make, bad):
         (lambda: GTopKReducer(DENSITY, putback="none"), "reducer.putback"),
         (lambda: DenseReducer(bucket_mb=0), "reducer.bucket_mb"),
         (lambda: DDPReducer(bucket_mb=-1), "reducer.bucket_mb"),
+        (lambda: DDPFp16Reducer(bucket_mb=0), "reducer.bucket_mb"),
+        (lambda: DDPFp16Reducer(dtype="float8"), "reducer.dtype"),
+        (lambda: PowerSGDReducer(matrix_approximation_rank=0), "reducer.matrix_approximation_rank"),
+        (lambda: PowerSGDReducer(start_powerSGD_iter=1), "reducer.start_powerSGD_iter"),
+        (lambda: PowerSGDReducer(use_error_feedback="yes"), "reducer.use_error_feedback"),
+        (lambda: PowerSGDReducer(min_compression_rate="x"), "reducer.min_compression_rate"),
+        (lambda: PowerSGDReducer(bucket_mb=0), "reducer.bucket_mb"),
     ],
 )
 def test_bad_settings_raise_in_the_constructor(make, setting):
@@ -171,7 +185,12 @@ def test_bad_settings_raise_in_the_constructor(make, setting):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("reducer", ["dense", "topk", "gtopk", "ddp"])
+def test_powersgd_may_start_at_one_without_error_feedback_or_warm_start():
+    r = PowerSGDReducer(start_powerSGD_iter=1, use_error_feedback=False, warm_start=False)
+    assert r.settings["start_powerSGD_iter"] == 1 and r.state_dict() == {}  # one worker: no hook, no state
+
+
+@pytest.mark.parametrize("reducer", ["dense", "topk", "gtopk", "ddp", "ddp_fp16", "powersgd"])
 def test_reducer_settings_accepts_valid_settings_in_the_parent(compose, reducer):
     reducer_settings(compose([f"reducer={reducer}", "density=0.01"]))
 
