@@ -56,13 +56,13 @@ def validate(cfg: DictConfig) -> None:
             f"reducer._target_={cfg.reducer._target_} cannot be imported ({e}); "
             "pick reducer=dense|topk|gtopk|ddp|ddp_fp16|powersgd or fix the class path"
         ) from None
-    checks.reducer_settings(cfg, resolve_backend(cfg))
+    device, backend = placement(cfg)
+    checks.reducer_settings(cfg, backend)
     cluster = instantiate(cfg.cluster)
     try:
         cluster.check_job(cfg)
     except ClusterError as e:
         raise ConfigError(str(e)) from None
-    device, _ = placement(cfg)
     if torchrun_world() is None:
         checks.machine_fits(cfg, device, cluster.processes(cfg.nodes))
     else:
