@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OURS = tuple(str(ROOT / d) + "/" for d in ("gtopk", "baselines"))
 #: ours, but host memory by design: the datasets a DataLoader reads (in its worker
 #: processes when ``train.loader_workers`` > 0), whose batches the step moves to its device
-HOST_SIDE = tuple(str(ROOT / "gtopk" / "train" / f) for f in ("data.py", "digits.py", "datagen.py", "batch.py"))
+HOST_SIDE = tuple(str(ROOT / "gtopk" / "train" / f) for f in ("data", "datagen.py", "batch.py"))  # data/: every source
 
 #: what ProcessGroupNCCL carries (getNcclDataType; bool travels as uint8)
 NCCL_DTYPES = {
@@ -243,7 +243,7 @@ def _our_caller() -> str | None:
     while frame is not None and frame.f_code.co_filename.endswith(("torch/overrides.py", "torch/utils/_device.py")):
         frame = frame.f_back
     name = frame.f_code.co_filename if frame is not None else ""
-    if not name.startswith(OURS) or name in HOST_SIDE:
+    if not name.startswith(OURS) or name.startswith(HOST_SIDE):
         return None
     return f"{Path(frame.f_code.co_filename).relative_to(ROOT)}:{frame.f_lineno}"
 

@@ -42,7 +42,13 @@ SECTIONS = (
         ("fig6",),
         "throughput",
     ),
-    ("Speedups (Table IV)", "e(P) per reducer and the speedups of gTop-k (analysis.figures.table4).", (), ("table4",), None),
+    (
+        "Speedups (Table IV)",
+        "e(P) per reducer and the speedups of gTop-k (analysis.figures.table4).",
+        (),
+        ("table4",),
+        None,
+    ),
     (
         "Time breakdown",
         "Per-iteration time split into compute, top-k selection, communication and the rest (analysis.figures.breakdown); "
