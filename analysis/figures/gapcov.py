@@ -82,7 +82,8 @@ def gap_coverage(curves: pd.DataFrame) -> pd.DataFrame:
 
 def plot_gap_coverage(points: pd.DataFrame) -> plt.Figure:
     """Gap to dense (top-1 points) against coverage (log x), one colour and marker per sparse
-    reducer; the end-of-training points as markers labelled with rho and P, the epochs of each
+    reducer; the end-of-training points as markers labelled with rho and P (and the seed
+    where a reducer has several), the epochs of each
     run as a thin line of the same colour."""
     import seaborn as sns
 
@@ -103,8 +104,10 @@ def plot_gap_coverage(points: pd.DataFrame) -> plt.Figure:
             label=curve,
             zorder=3,
         )
+        several = end["seed"].nunique() > 1
         for _, r in end.iterrows():
             text = f"rho={r['density']:g} P={int(r['nodes'])}" if not pd.isna(r["density"]) else f"P={int(r['nodes'])}"
+            text += f" s{int(r['seed'])}" if several and not pd.isna(r["seed"]) else ""
             ax.annotate(text, (r["coverage"], 100 * r["gap"]), fontsize=5.5, xytext=(3, 2), textcoords="offset points")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
