@@ -79,9 +79,10 @@ def plot(cells: pd.DataFrame, name: str, best: pd.DataFrame | None = None) -> pl
     fig, axes = plt.subplots(
         len(densities),
         len(targets),
-        figsize=(0.75 * n_nodes * len(targets) + 2.5, (0.45 * n_nets + 1.2) * len(densities)),
+        figsize=(0.75 * n_nodes * len(targets) + 2.5, (0.45 * n_nets + 1.6) * len(densities)),
         squeeze=False,
     )
+    fig.subplots_adjust(hspace=0.55)  # a panel's title clear of the workers-P label above it
     image = None
     for row, d in zip(axes, densities):
         for col, (ax, t) in enumerate(zip(row, targets)):
