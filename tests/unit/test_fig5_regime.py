@@ -4,6 +4,8 @@ iterations per epoch, 270 parameters, sparse updates of 27 coordinates per itera
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -87,3 +89,19 @@ def test_gap_against_coverage(fig5_runs):
     seed1 = pts[~pts["final"] & (pts["seed"] == 1)].sort_values("epoch")
     assert seed1["coverage"].tolist() == [0.1, 0.3, 0.5]
     assert seed1["gap"].tolist() == pytest.approx([0.2, -0.06, 0.0])
+
+
+def test_reproduce_fig5_sweeps_per_dataset():
+    """make reproduce-fig5 [DATA=fashion] [FULL=1]: which run.py -m sweeps, into which folder."""
+    from analysis.reproduce import fig5_sweeps, first_job
+
+    assert fig5_sweeps([], False, "digits") == [["experiment=fig5_quick"]]  # the default stays the digits
+    sparse, dense = fig5_sweeps(["seed=0,1"], False, "fashion")
+    assert sparse == ["experiment=fig5_fashion_quick", "seed=0,1"]
+    assert dense == ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001", "seed=0,1"]
+    assert first_job(sparse)[0] == first_job(dense)[0] == Path("runs/fig5_fashion_quick")  # one table
+    # an override that sets the reducer replaces both passes' reducer axis: one sweep
+    assert fig5_sweeps(["reducer=dense,gtopk"], False, "fashion") == [
+        ["experiment=fig5_fashion_quick", "reducer=dense,gtopk"]
+    ]
+    assert fig5_sweeps([], True, "fashion") == [["experiment=fig5_fashion_paper"]]
