@@ -7,8 +7,10 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # reproduce-*: ARGS = Hydra overrides for the runs (e.g. ARGS="cluster=local compute=measured"),
 # NETBENCH_ARGS = gtopk.perf.netbench overrides (e.g. "pingpong.reps=3"), FULL=1 (reproduce-fig5:
-# the full variant, P = 4, 16, 32 and three densities, instead of the quick one).
+# the full variant, P = 4, 16, 32 and three densities, instead of the quick one), DATA=fashion
+# (reproduce-fig5 on Fashion-MNIST: quick P = 4, 16 at three densities; FULL=1: the paper's point).
 ARGS ?=
+DATA ?= digits
 NETBENCH_ARGS ?=
 FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
@@ -103,12 +105,12 @@ reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs o
 reproduce-breakdown: setup  ## Time breakdown per model and reducer beside the paper's (the runs of reproduce-fig6)
 	$(REPRODUCE) breakdown --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
-reproduce-fig5: setup  ## Fig. 5 on the offline digits, simulated workers: quick (P=4,16, ~15 min); FULL=1: P=4,16,32 x 3 densities
-	$(REPRODUCE) fig5 $(if $(FULL),--full) $(ARGS)
+reproduce-fig5: setup  ## Fig. 5, simulated workers, on the offline digits: quick (P=4,16, ~15 min); FULL=1: P=4,16,32 x 3 densities; DATA=fashion: Fashion-MNIST
+	$(REPRODUCE) fig5 $(if $(FULL),--full) --data $(DATA) $(ARGS)
 
-reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1 as for reproduce-fig5)
+reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1, DATA=fashion as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
-	$(REPRODUCE) fig5 $(if $(FULL),--full) $(ARGS)
+	$(REPRODUCE) fig5 $(if $(FULL),--full) --data $(DATA) $(ARGS)
 
 validate-model: setup  ## The performance model against measurement: every reducer, P=1..8, emulated 100 Mbit/s and 1 Gbit/s (docs/payoff.md)
 	$(REPRODUCE) validate --netbench "$(NETBENCH_ARGS)" $(ARGS)
@@ -117,13 +119,13 @@ validate-model: setup  ## The performance model against measurement: every reduc
 # NETWORK = network profile(s) (default: those of runs/fig6_reproduce and runs/model_validation, one per
 # cluster setting; none yet: this machine's emulated 1 Gbit/s network is calibrated first), TARGET_ACC =
 # absolute top-1 target(s), PAYOFF_ARGS = other options of analysis.payoff (--borrow, --compute, --bench, --out).
-PAYOFF_RUNS ?= $(wildcard runs/fig5_quick)
+PAYOFF_RUNS ?= $(wildcard $(if $(filter fashion,$(DATA)),runs/fig5_fashion_quick,runs/fig5_quick))
 NETWORK ?=
 TARGET_ACC ?=
 PAYOFF_ARGS ?=
 
 payoff: setup  ## Time to accuracy per reducer over P x bandwidth (docs/payoff.md): [NETWORK=profile.json] [TARGET_ACC=0.95]
-	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in runs/fig5_quick: run make reproduce-fig5, or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
+	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in $(if $(filter fashion,$(DATA)),runs/fig5_fashion_quick,runs/fig5_quick): run make reproduce-fig5$(if $(filter fashion,$(DATA)), DATA=fashion), or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
 	$(PY) -m analysis.payoff $(PAYOFF_RUNS) $(foreach n,$(NETWORK),--network $(n)) $(foreach a,$(TARGET_ACC),--target-acc $(a)) $(PAYOFF_ARGS)
 
 clean-venv:  ## Remove the virtual environment

@@ -1,7 +1,7 @@
 """The ``make reproduce-*`` targets: run the experiments, then the analysis scripts.
 
     python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [HYDRA OVERRIDES...]
-    python -m analysis.reproduce fig5 [--full] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
     python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
 
 Scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share one set of
@@ -28,7 +28,12 @@ fig5 trains (``run.py -m``) with P workers simulated in one process on the offli
 quick (``experiment=fig5_quick``): dense, Top-k, gTop-k with both put-backs at rho = 0.001,
 P = 4 and 16, 45 epochs at 8 x 8; ``--full``: ``experiment=fig5_full`` (the same reducers at
 P = 4, 16, 32, the paper's 140 epochs, 32 x 32) and ``experiment=fig5_density`` (gTop-k at
-rho = 0.001, 0.0005, 0.0001). Then ``analysis.figures.fig5`` (curves, table, gap) and the wandb export.
+rho = 0.001, 0.0005, 0.0001). ``--data fashion`` (``make reproduce-fig5 DATA=fashion``) trains
+on Fashion-MNIST instead (Debian's dataset-fashion-mnist, docs/data.md): quick
+(``experiment=fig5_fashion_quick``: Top-k, gTop-k with both put-backs at rho = 0.001, 0.01,
+0.05, P = 4 and 16, then dense once per P, unless an override sets the reducer), ``--full``:
+the paper's point (``experiment=fig5_fashion_paper``: P = 4, rho = 0.001, three seeds). Then
+``analysis.figures.fig5`` (curves, table, gap, gap against coverage) and the wandb export.
 
 validate (``make validate-model``) checks the performance model that ``make payoff`` uses
 where nothing was measured: the netbench step at each bandwidth of
@@ -51,8 +56,18 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
-FIG5_QUICK = ["fig5_quick"]  # conf/experiment/: the sweep axes are in each file
-FIG5_FULL = ["fig5_full", "fig5_density"]
+#: (data, full) -> the sweeps of fig5, each a list of overrides (conf/experiment/: the sweep axes
+#: are in each file); the first sweep's folder gets the analysis, a second one of another
+#: experiment gets the density analysis beside the first one's dense runs
+FIG5 = {
+    ("digits", False): [["experiment=fig5_quick"]],
+    ("digits", True): [["experiment=fig5_full"], ["experiment=fig5_density"]],
+    ("fashion", False): [
+        ["experiment=fig5_fashion_quick"],  # the sparse reducers at three densities
+        ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001"],  # dense once per P
+    ],
+    ("fashion", True): [["experiment=fig5_fashion_paper"]],
+}
 SCALING_SCRIPTS = {
     "fig6": ["fig6", "table4", "breakdown", "commmodel"],  # one run, every scaling output
     "table4": ["table4"],
@@ -218,16 +233,28 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
     )
 
 
-def fig5(overrides: list[str], full: bool) -> None:
-    """Train the Fig. 5 runs (``run.py -m``), plot them with their table and gap
-    diagnostics, export them to wandb: the quick variant, or with ``full`` the full one."""
+def fig5_sweeps(overrides: list[str], full: bool, data: str) -> list[list[str]]:
+    """The ``run.py -m`` argument lists of fig5 (``FIG5``), with the user's overrides; a
+    dense pass (an extra sweep that sets ``reducer``) is left out when the overrides set the
+    reducer themselves."""
+    sweeps = FIG5[data, full]
+    if "reducer" in keys(overrides):
+        sweeps = [s for s in sweeps if not any(o.startswith("reducer=") for o in s)]
+    return [merged(s, overrides) for s in sweeps]
+
+
+def fig5(overrides: list[str], full: bool, data: str = "digits") -> None:
+    """Train the Fig. 5 runs (``run.py -m``), plot them with their table, gap diagnostics and
+    gap against coverage, export them to wandb: the quick variant, or with ``full`` the full
+    one, on ``data`` (digits or fashion)."""
     t0 = time.monotonic()
-    roots = []
-    for experiment in FIG5_FULL if full else FIG5_QUICK:
-        run([sys.executable, str(ROOT / "run.py"), "-m", *merged([f"experiment={experiment}"], overrides)])
-        roots.append(first_job(merged([f"experiment={experiment}"], overrides))[0])
+    roots: list[Path] = []
+    for sweep in fig5_sweeps(overrides, full, data):
+        run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
+        root = first_job(sweep)[0]
+        roots += [] if root in roots else [root]
     run([sys.executable, "-m", "analysis.figures.fig5", str(roots[0])])
-    if full:  # gTop-k's density sensitivity, beside the dense runs of the same P
+    if len(roots) > 1:  # gTop-k's density sensitivity, beside the dense runs of the same P
         run(
             [
                 sys.executable,
@@ -241,21 +268,27 @@ def fig5(overrides: list[str], full: bool) -> None:
             ]
         )
     export(*roots)
-    outputs = "fig5.{png,pdf,csv}, fig5_table.{csv,md}, fig5_gap.{png,pdf,csv}"
+    outputs = "fig5.{png,pdf,csv}, fig5_table.{csv,md}, fig5_gap.{png,pdf,csv}, gap_coverage.{png,pdf,csv}"
     print(f"\nfig5: {time.monotonic() - t0:.0f} s. Outputs in {roots[0] / 'analysis'}/: {outputs}", flush=True)
-    if full:
-        print(f"density sensitivity: {roots[1] / 'analysis'}/density.*, density_table.*, density_gap.*", flush=True)
+    if len(roots) > 1:
+        print(f"density sensitivity: {roots[1] / 'analysis'}/density.*, density_table.*, density_gap*", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate"]))
     ap.add_argument("--full", action="store_true", help="fig5: the full variant (P = 4, 16, 32; three densities)")
+    ap.add_argument(
+        "--data",
+        choices=["digits", "fashion"],
+        default="digits",
+        help="fig5: the offline digits (default) or Fashion-MNIST (Debian's dataset-fashion-mnist)",
+    )
     ap.add_argument("--netbench", default="", help='extra gtopk.perf.netbench overrides, e.g. "pingpong.reps=3"')
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
     args = ap.parse_intermixed_args(argv)
     if args.target == "fig5":
-        fig5(args.overrides, args.full)
+        fig5(args.overrides, args.full, args.data)
     elif args.target == "validate":
         validate(args.overrides, shlex.split(args.netbench))
     else:

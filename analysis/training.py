@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from gtopk.records.regime import accuracy_trend, coverage
 from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -44,6 +45,9 @@ class TrainRun:
     params: int
     curve: list[tuple[int, int, float]]  # (epoch, iterations done at its end, test_top1)
     overheads: dict = field(default_factory=dict)  # medians of its own post-warm-up steps
+    seed: int | None = None
+    coverage: float | None = None  # final coverage (gtopk.records.regime); None when unknown
+    still_rising: bool | None = None  # the test top-1 trend at the end; None: too few epochs
 
     @property
     def setup(self) -> tuple[str, str, int, int]:
@@ -103,6 +107,35 @@ def own_overheads(d: RunDir) -> dict:
     }
 
 
+def regime(d: RunDir, rows: Sequence[dict] | None = None, epochs: Sequence[dict] | None = None) -> dict:
+    """Where a training run stands (``gtopk.records.regime``): ``coverage``, final, from
+    ``summary.json``, else the last ``epochs.jsonl`` row that carries it (coverage so far),
+    else computed from the iteration rows' ``update_nnz`` (``rows``: rank 0's, read when not
+    given) with ``params`` from the summary, else None (runs recorded before coverage, or
+    without diagnostics); ``still_rising``: the summary's ``top1_still_rising``, else the
+    trend of the epochs' test top-1 (None with fewer than 3 epochs)."""
+    summary = d.read_summary() if d.summary.exists() else {}
+    epochs = list(read_jsonl(d.epochs)) if epochs is None else list(epochs)
+    cov = summary.get("coverage")
+    if cov is None:
+        cov = next((e["coverage"] for e in reversed(epochs) if e.get("coverage") is not None), None)
+    if cov is None and summary.get("params"):
+        rows = list(read_jsonl(d.iters(0))) if rows is None else rows
+        if any(r.get("update_nnz") is not None for r in rows):
+            cov = coverage([r for r in rows if "iter" in r], int(summary["params"]))
+    if "top1_still_rising" in summary:
+        rising = summary["top1_still_rising"]
+    else:
+        fit = accuracy_trend(epochs)
+        rising = None if fit is None else bool(fit["rising"])
+    return {"coverage": None if cov is None else float(cov), "still_rising": rising}
+
+
+def trend_word(still_rising: bool | None) -> str:
+    """The trend verdict in the tables: ``still rising``, ``flat`` or empty (too few epochs)."""
+    return "" if still_rising is None else ("still rising" if still_rising else "flat")
+
+
 def read_run(d: RunDir) -> TrainRun:
     """A finished training job's record; a ValueError names a record that is missing a part."""
     cfg, summary = d.read_config(), d.read_summary()
@@ -114,6 +147,7 @@ def read_run(d: RunDir) -> TrainRun:
     if missing:
         raise ValueError(f"{d.iters(0)} has no iteration rows of epochs {missing}: cannot count iterations")
     reducer_cfg = dict(cfg["reducer"])
+    state = regime(d)
     return TrainRun(
         run_dir=d.path,
         model=cfg["model_name"],
@@ -128,6 +162,9 @@ def read_run(d: RunDir) -> TrainRun:
         params=int(summary["params"]),
         curve=[(e, done[e], float(epochs[e]["test_top1"])) for e in sorted(epochs)],
         overheads=own_overheads(d),
+        seed=None if cfg.get("seed") is None else int(cfg["seed"]),
+        coverage=state["coverage"],
+        still_rising=state["still_rising"],
     )
 
 

@@ -9,8 +9,11 @@ gradient mass the paper's put-back lost.
     python -m analysis.figures.fig5 runs/fig5_density --dense-from runs/fig5_full --stem density
 
 Writes into ``<first root>/analysis/`` (or ``--out``): ``<stem>.{png,pdf,csv}`` (the curves;
-the CSV has every epoch of every run), ``<stem>_table.{csv,md}``, and
-``<stem>_gap.{png,pdf,csv}`` (per-iteration diagnostics). Epochs of runs still training count.
+the CSV has every epoch of every run), ``<stem>_table.{csv,md}`` (seeds together: spread of
+the final top-1, iterations to target per seed, coverage, trend), ``<stem>_gap.{png,pdf,csv}``
+(per-iteration diagnostics) and ``gap_coverage.{png,pdf,csv}`` (``<stem>_gap_coverage`` for
+another stem: the gap to dense against coverage, ``analysis.figures.gapcov``). Epochs of runs
+still training count.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pandas as pd
 
 from analysis.common import model_rank, out_dir, parser, save
 from analysis.figures.curves import load_curves, load_gap, markdown, table
+from analysis.figures.gapcov import gap_coverage, plot_gap_coverage
 from analysis.training import DENSE
 
 METRICS = (("train_loss", "training loss"), ("test_top1", "top-1 test accuracy"))
@@ -117,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     save(None, tab, folder, f"{args.stem}_table")
     (folder / f"{args.stem}_table.md").write_text(markdown(tab))
     print(f"wrote {folder / f'{args.stem}_table.md'}\n\n{markdown(tab)}")
+    points = gap_coverage(curves)
+    if not points.empty:
+        name = "gap_coverage" if args.stem == "fig5" else f"{args.stem}_gap_coverage"
+        save(plot_gap_coverage(points), points, folder, name)
     gap = load_gap(args.roots)
     if not gap.empty:
         save(plot_gap(gap), gap, folder, f"{args.stem}_gap")

@@ -11,9 +11,11 @@ a bandwidth sweep at their alpha), compute profile and target (``--relative`` x 
 final accuracy at that P, and each ``--target-acc``). DDP's update is dense's: without a
 DDP training run it takes the dense runs' iterations (``iterations_detail`` says so).
 A P with no training run is ``no run``; with ``--borrow`` it takes the iterations of the
-nearest trained P (in log2 P, ties to the smaller) and is marked ``borrowed``.
-Writes payoff.csv, a map per model and compute profile (``analysis.payoff.maps``) and
-payoff_verdicts.txt into ``<first RUN>/analysis/`` (or --out). See docs/payoff.md.
+nearest trained P (in log2 P, ties to the smaller) and is marked ``borrowed``. Seeds,
+``budget-limited`` cells and the density picked per reducer: ``analysis.payoff.cells``.
+Writes payoff.csv, payoff_best.csv (each reducer at its best trained density), a map per
+model and compute profile (``analysis.payoff.maps``) and payoff_verdicts.txt into
+``<first RUN>/analysis/`` (or --out). See docs/payoff.md.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,10 +30,11 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from analysis.payoff.cells import best_rows, pick_density, seeds_reach
 from analysis.payoff.itertime import ComputeProfile, IterTimes, Net, Reducer, compute_profile, networks
 from analysis.payoff.maps import write_maps
-from analysis.payoff.verdict import BASELINE, CELL, SETUP, fastest, verdicts
-from analysis.training import CONF, DENSE, Target, TrainRun, iterations_to, load_train_runs
+from analysis.payoff.verdict import BASELINE, CELL, SETUP, best_verdicts, fastest, verdicts
+from analysis.training import CONF, DENSE, Target, TrainRun, load_train_runs
 from gtopk.perf.model import NetworkProfile
 from gtopk.records.profiles import LOCAL_PROFILE
 
@@ -73,45 +75,27 @@ def reducers(runs: Sequence[TrainRun]) -> tuple[dict[Key, Reducer], dict[Key, li
     return reds, by, origin
 
 
-def reach(runs: Sequence[TrainRun], acc: float) -> tuple[float, str]:
-    """Median iterations to ``acc`` over ``runs`` (inf when most did not reach it) and a note."""
-    its = [iterations_to(r, acc) for r in runs]
-    med = statistics.median([math.inf if i is None else i for i in its])
-    if math.isinf(med):
-        return med, f"best top-1 {max(r.best_acc for r in runs):.4f} < {acc:.4f}"
-    return med, f"{sum(i is not None for i in its)}/{len(runs)} runs reached it"
-
-
 def iterations_cell(runs: Sequence[TrainRun], P: int, src: int | None, acc: float | None, origin: str) -> dict:
-    """iterations_to_target at P of one reducer (``runs``: its runs at the donor P ``src``),
-    with its source (measured | borrowed | none), detail and status."""
+    """iterations_to_target at P of one reducer (``runs``: its runs at the donor P ``src``,
+    one per seed; ``analysis.payoff.cells.seeds_reach``), with its source (measured |
+    borrowed | none), detail and status (reached | budget-limited | not reached | no run)."""
+    none = {"iterations_to_target": math.nan, "iterations_source": "none", "seeds": len(runs)}
     if not runs:
         return {
+            **none,
             "status": "no run",
-            "iterations_to_target": math.nan,
-            "iterations_source": "none",
             "iterations_detail": "no training run at this P"
             if src is None
             else f"no training run of this reducer at P={src}" + (" (the nearest trained P)" if src != P else ""),
         }
     if acc is None:
-        return {
-            "status": "no run",
-            "iterations_to_target": math.nan,
-            "iterations_source": "none",
-            "iterations_detail": f"no dense run at P={src}: no relative target",
-        }
-    its, note = reach(runs, acc)
-    if math.isinf(its):
-        return {
-            "status": "not reached",
-            "iterations_to_target": math.nan,
-            "iterations_source": "none",
-            "iterations_detail": f"{origin}, P={src}: not reached, {note}",
-        }
+        return {**none, "status": "no run", "iterations_detail": f"no dense run at P={src}: no relative target"}
+    cell = seeds_reach(runs, acc)
+    note = cell.pop("note")
+    if cell["status"] != "reached":
+        return {**cell, **none, "iterations_detail": f"{origin}, P={src}: {cell['status']}, {note}"}
     return {
-        "status": "ok",
-        "iterations_to_target": its,
+        **cell,
         "iterations_source": "measured" if src == P else "borrowed",
         "iterations_detail": f"{origin}, P={src}: {note}",
     }
@@ -163,14 +147,20 @@ def setup_rows(
                             **cell,
                         )
                         row.update(t_iter=t, t_iter_source=t_src, t_iter_detail=t_det)
-                        row["time_to_target"] = cell["iterations_to_target"] * t if t is not None else math.nan
+                        for col in ("to_target", "min", "max"):
+                            its = cell.get(f"iterations_{col}", math.nan)
+                            row[f"time_{col}"] = its * t if t is not None and its == its else math.nan
                         row["time_source"] = time_source(cell["iterations_source"], t_src)
-                        if cell["status"] == "ok" and t is None:
+                        row["reducer_density"] = key[1]
+                        if cell["status"] == "reached" and t is None:
                             row["status"] = "no time"
                         rows += [{**row, "density": d} for d in dens]
     return rows
 
 
+#: payoff.csv's last columns: the seeds' spread, the regime, the density picked (analysis.payoff.cells)
+SEED_COLUMNS = ["seeds", "iterations_per_seed", "iterations_min", "iterations_max", "time_min", "time_max"]
+SEED_COLUMNS += ["coverage", "still_rising", "reducer_density", "picked"]
 #: payoff.csv's speedup columns: speedup_vs_<baseline> = its time_to_target / the row's, per cell
 SPEEDUP_BASELINES = (BASELINE, "ddp_fp16")
 
@@ -200,10 +190,10 @@ def payoff_table(
     for r in runs:
         groups[r.setup].append(r)
     rows = [row for key in sorted(groups) for row in setup_rows(groups[key], targets, nets, computes, times, borrow)]
-    df = with_speedups(pd.DataFrame(rows))
+    df = pick_density(with_speedups(pd.DataFrame(rows)))
     front = CELL + ["reducer", "status", "iterations_to_target", "t_iter", "time_to_target"]
     front += [f"speedup_vs_{b}" for b in SPEEDUP_BASELINES]
-    return df[front + [c for c in df.columns if c not in front]]
+    return df[front + [c for c in df.columns if c not in front + SEED_COLUMNS] + SEED_COLUMNS]
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -286,9 +276,12 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) if args.out else Path(args.runs[0]) / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "payoff.csv", index=False)
+    best = best_rows(df)
+    best.to_csv(out / "payoff_best.csv", index=False)
     cells = fastest(df)
-    paths = [out / "payoff.csv", *write_maps(cells, out)]
-    lines = verdicts(df, cells)
+    best_cells = fastest(best, [c for c in CELL if c != "density"])
+    paths = [out / "payoff.csv", out / "payoff_best.csv", *write_maps(cells, out, best_cells)]
+    lines = verdicts(df, cells) + best_verdicts(best, best_cells)
     (out / "payoff_verdicts.txt").write_text("".join(f"{text}\n" for _, text in lines))
     paths.append(out / "payoff_verdicts.txt")
     for p in paths:

@@ -2,7 +2,13 @@
 target in each (setup, density, P, network, compute profile, target), and one verdict line
 per (setup, density, network, compute profile, target), from the trained P only (never a
 borrowed one), e.g. ``ResNet-20, rho 0.001, 1 Gbit/s, compute p102: gTop-k reaches 99 % of
-dense 1.8x sooner than DDP at P = 32; no gain below P = 8``."""
+dense 1.8x sooner than DDP at P = 32; no gain below P = 8``.
+
+With several seeds a cell has a spread of times to target (``time_min`` .. ``time_max``:
+the seeds' iterations x t_iter). "X reaches the target sooner than Y" is said only where it
+holds across that spread: X's slowest seed is faster than Y's fastest (``time_max`` of X <
+``time_min`` of Y); otherwise the two are *within the noise* of the seeds. With one seed the
+spread is the single time, and the rule is the plain comparison."""
 
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ ALSO_AGAINST = ("ddp_fp16", "powersgd")
 SETUP = ["model", "data", "batch_per_worker", "grad_accum"]
 CELL = SETUP + ["density", "nodes", "network", "compute_profile", "target"]
 #: a cell's state when no reducer reaches the target, by priority
-STATES = ("not reached", "no time", "no run")
+STATES = ("budget-limited", "not reached", "no time", "no run")
 
 
 def display(label: str) -> str:
@@ -41,22 +47,45 @@ def short(label: str) -> str:
     return " ".join([REDUCERS.get(name, name), *(r.split("=", 1)[-1] for r in rest)])
 
 
-def fastest(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: ``state`` (ok, or the first of ``STATES`` any reducer has),
-    ``fastest`` reducer and its ``speedup`` over DDP (NaN without a DDP time),
-    ``borrowed`` (iterations from another P), bandwidth and whether calibrated."""
+def spread(g: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(fastest, slowest) time to target of each row over its seeds (the time itself where
+    the table has no spread columns)."""
+    t = g["time_to_target"]
+    lo = g["time_min"].fillna(t) if "time_min" in g else t
+    hi = g["time_max"].fillna(t) if "time_max" in g else t
+    return lo, hi
+
+
+def fastest(df: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
+    """One row per cell (``keys``, default ``CELL``): ``state`` (ok, or the first of
+    ``STATES`` any reducer has), ``fastest`` reducer (the least median time; ``fastest_rho``
+    its density where the rows carry ``rho``) and its ``speedup`` over DDP (NaN without a
+    DDP time), ``separated`` (its slowest seed beats every other reducer's fastest),
+    ``runner_up``, ``beats_ddp`` (its slowest seed beats DDP's fastest), ``seeds`` (the most
+    any reducer had), ``borrowed`` (iterations from another P), bandwidth and whether
+    calibrated."""
+    keys = CELL if keys is None else keys
     rows = []
-    for key, g in df.groupby(CELL, sort=True):
-        row = dict(zip(CELL, key))
+    for key, g in df.groupby(keys, sort=True):
+        row = dict(zip(keys, key))
         row.update(bandwidth_gbps=g["bandwidth_gbps"].iloc[0], calibrated=bool(g["calibrated"].iloc[0]))
         row["borrowed"] = bool(g["borrowed"].any())
-        ok = g[g["status"] == "ok"].dropna(subset=["time_to_target"])
+        row["seeds"] = int(g["seeds"].max()) if "seeds" in g and g["seeds"].notna().any() else 1
+        ok = g[g["status"] == "reached"].dropna(subset=["time_to_target"])
         if ok.empty:
             row.update(state=next(s for s in STATES if (g["status"] == s).any()), fastest=None, speedup=math.nan)
-        else:
-            best = ok.loc[ok["time_to_target"].idxmin()]
-            row.update(state="ok", fastest=best["reducer"], speedup=best["speedup_vs_ddp"])
-            row["time_to_target"] = best["time_to_target"]
+            rows.append(row)
+            continue
+        lo, hi = spread(ok)
+        i = ok["time_to_target"].idxmin()
+        best, others = ok.loc[i], ok.drop(index=i)
+        ddp = ok[ok["reducer"] == BASELINE]
+        row.update(state="ok", fastest=best["reducer"], speedup=best["speedup_vs_ddp"])
+        row.update(time_to_target=best["time_to_target"], separated=others.empty or hi[i] < lo[others.index].min())
+        row["runner_up"] = None if others.empty else others.loc[others["time_to_target"].idxmin(), "reducer"]
+        row["beats_ddp"] = best["reducer"] != BASELINE and not ddp.empty and hi[i] < lo[ddp.index].min()
+        if "rho" in ok:
+            row["fastest_rho"] = best["rho"]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -72,44 +101,61 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     head = f"{MODELS.get(c0['model'], c0['model'])}, rho {c0['density']:g}, {c0['network']}, compute {c0['compute_profile']}: "
     target = c0["target"]
     trained = cells[~cells["borrowed"] & (cells["state"] != "no run")].sort_values("nodes")
-    missed = rows[(rows["status"] == "not reached") & ~rows["borrowed"]]
-    tail = "".join(
-        f"; {display(lab)} did not reach it at P = {_ps(sorted(set(g['nodes'])))}"
-        for lab, g in missed.groupby("reducer", sort=True)
-    )
+    tail = ""
+    for status, words in (("budget-limited", "was budget-limited"), ("not reached", "did not reach it")):
+        missed = rows[(rows["status"] == status) & ~rows["borrowed"]]
+        tail += "".join(
+            f"; {display(lab)} {words} at P = {_ps(sorted(set(g['nodes'])))}"
+            for lab, g in missed.groupby("reducer", sort=True)
+        )
     both = trained[(trained["state"] == "ok") & trained["speedup"].notna()]
     if both.empty:
         states = ", ".join(f"P = {int(c['nodes'])}: {c['state']}" for _, c in trained.iterrows()) or "no trained P"
         return f"{head}no P where DDP and another reducer both have a time to {target} ({states}){tail}"
-    gain = (both["fastest"] != BASELINE) & (both["speedup"] > 1)
+    gain = both["beats_ddp"].astype(bool) & (both["speedup"] > 1)
+    ddp_first = (both["fastest"] == BASELINE) & both["separated"].astype(bool)
+    noise = both[~gain & ~ddp_first]["nodes"]
+    seeds = f" ({int(both['seeds'].max())} seeds)" if both["seeds"].max() > 1 else ""
+    within = f"; within the noise of the seeds at P = {_ps(noise)}" if len(noise) else ""
     if not gain.any():
-        return f"{head}DDP reaches {target} soonest at every trained P ({_ps(both['nodes'])}){tail}"
+        if not ddp_first.any():
+            return f"{head}within the noise of the seeds at every trained P ({_ps(both['nodes'])}){seeds}{tail}"
+        return f"{head}DDP reaches {target} soonest at {_every(both, ddp_first)}{within}{seeds}{tail}"
     best = both[gain].loc[both[gain]["speedup"].idxmax()]
     text = (
         f"{head}{display(best['fastest'])} reaches {target} {best['speedup']:.1f}x sooner than DDP "
         f"{against(rows, best['fastest'], int(best['nodes']))}at P = {int(best['nodes'])}"
     )
-    losing = both[~gain]["nodes"]
-    if losing.empty:
+    losing = both[ddp_first]["nodes"]
+    if losing.empty and noise.empty:
         text += f"; a gain at every trained P ({_ps(both['nodes'])})"
-    elif losing.max() < both[gain]["nodes"].min():
+    elif not losing.empty and losing.max() < both[gain]["nodes"].min():
         text += f"; no gain below P = {int(both[gain]['nodes'].min())}"
-    else:
+    elif not losing.empty:
         text += f"; no gain at P = {_ps(losing)}"
-    return text + tail
+    return text + within + seeds + tail
+
+
+def _every(both: pd.DataFrame, mask: pd.Series) -> str:
+    if mask.all():
+        return f"every trained P ({_ps(both['nodes'])})"
+    return f"P = {_ps(both[mask]['nodes'])}"
 
 
 def against(rows: pd.DataFrame, label: str, P: int) -> str:
     """``"and 1.4x as soon as DDP-fp16 and 0.9x as soon as PowerSGD "``: ``label``'s time to
     target at P against each of ``ALSO_AGAINST`` that has one there (their time / its time;
     nothing for a baseline without a time there, e.g. not trained)."""
-    ok = rows[(rows["nodes"] == P) & (rows["status"] == "ok")].dropna(subset=["time_to_target"])
-    mine = ok[ok["reducer"] == label]["time_to_target"]
+    ok = rows[(rows["nodes"] == P) & (rows["status"] == "reached")].dropna(subset=["time_to_target"])
+    lo, hi = spread(ok)
+    mine = ok[ok["reducer"] == label]
     parts = []
     for other in ALSO_AGAINST:
-        theirs = ok[ok["reducer"] == other]["time_to_target"]
+        theirs = ok[ok["reducer"] == other]
         if other != label and not mine.empty and not theirs.empty:
-            parts.append(f"{theirs.min() / mine.min():.1f}x as soon as {display(other)}")
+            apart = hi[mine.index].min() < lo[theirs.index].min() or hi[theirs.index].min() < lo[mine.index].min()
+            ratio = theirs["time_to_target"].min() / mine["time_to_target"].min()
+            parts.append(f"{ratio:.1f}x as soon as {display(other)}" + ("" if apart else " (within the noise)"))
     return "".join(f"and {p} " for p in parts)
 
 
@@ -118,3 +164,24 @@ def verdicts(df: pd.DataFrame, cells: pd.DataFrame) -> list[tuple[bool, str]]:
     keys = SETUP + ["density", "network", "compute_profile", "target"]
     rows = dict(iter(df.groupby(keys, sort=False)))
     return [(bool(g["calibrated"].iloc[0]), verdict(g, rows[key])) for key, g in cells.groupby(keys, sort=False)]
+
+
+def best_verdicts(best: pd.DataFrame, cells: pd.DataFrame) -> list[tuple[bool, str]]:
+    """The verdict lines of each reducer at its best trained density (``payoff_best.csv``),
+    with the density picked per reducer at the P of the verdict, e.g. ``..., best rho:
+    gTop-k reaches 99 % of dense 2.1x sooner than DDP ... at P = 4 (rho: gTop-k 0.01, ...)``."""
+    keys = SETUP + ["network", "compute_profile", "target"]
+    rows = dict(iter(best.groupby(keys, sort=False)))
+    out = []
+    for key, g in cells.groupby(keys, sort=False):
+        r = rows[key]
+        line = verdict(g.assign(density=math.nan), r.assign(density=math.nan))
+        head, _, rest = line.partition(": ")
+        picked = r[r["rho"].notna() & ~r["borrowed"].astype(bool) & (r["status"] != "no run")]
+        rhos = "; ".join(
+            f"P = {int(p)}: " + ", ".join(f"{display(x['reducer'])} {x['rho']:g}" for _, x in q.iterrows())
+            for p, q in picked.drop_duplicates(["reducer", "nodes"]).groupby("nodes", sort=True)
+        )
+        head = head.replace("rho nan", "best rho")
+        out.append((bool(g["calibrated"].iloc[0]), f"{head}: {rest} [rho picked: {rhos}]"))
+    return out

@@ -184,10 +184,21 @@ def test_comm_model_check(runs):
     assert c.loc[("gtopk", 4), "t_commu_measured"] == pytest.approx(0.116 - 0.09 - 0.01)
 
 
-def write_training(root: Path, reducer: str, top1: list[float], nodes: int = 4, density: float = 0.001) -> Path:
+def write_training(
+    root: Path,
+    reducer: str,
+    top1: list[float],
+    nodes: int = 4,
+    density: float = 0.001,
+    seed: int = 0,
+    summary: dict | None = None,
+    epoch_coverage: list[float] | None = None,
+) -> Path:
     """A finished-looking training run: 2 ranks' rows, 5 iterations per epoch (rank r's
-    residual norm = iteration + 1 + r, lost_l1 0.5 per rank for the sparse reducers)."""
-    d = root / f"reducer={reducer},nodes={nodes},density={density}"
+    residual norm = iteration + 1 + r, lost_l1 0.5 per rank for the sparse reducers;
+    update_nnz 27 of the 270 parameters for the sparse reducers, 270 for dense), with a
+    ``summary.json`` when given and ``coverage`` in the epoch rows when given."""
+    d = root / (f"reducer={reducer},nodes={nodes},density={density}" + (f",seed={seed}" if seed else ""))
     d.mkdir(parents=True)
     cfg = {
         "name": root.name,
@@ -201,9 +212,14 @@ def write_training(root: Path, reducer: str, top1: list[float], nodes: int = 4, 
         "batch_size": 32,
         "grad_accum": 1,
         "mode": "train",
+        "seed": seed,
     }
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
     rows = [{"epoch": e, "train_loss": 1 - a, "test_loss": 1.1 - a, "test_top1": a} for e, a in enumerate(top1)]
+    for row, cov in zip(rows, epoch_coverage or []):
+        row["coverage"] = cov
     (d / "epochs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     sparse = reducer != "dense"
     for rank in (0, 1):
@@ -241,7 +257,7 @@ def test_fig5_table_counts_iterations_to_99_percent_of_dense_at_the_same_p(tmp_p
     assert pd.isna(tab.loc["gtopk rho=0.001 P=8", "iterations_to_target"])
     assert tab.loc["gtopk rho=0.001 P=8", "iterations"] == 10
     md = (root / "analysis" / "fig5_table.md").read_text()
-    assert "| resnet20 | 4 | gtopk rho=0.001 P=4 | 0.850 | 0.850 | not reached | not reached |" in md
+    assert "| resnet20 | 4 | gtopk rho=0.001 P=4 | 0 | 0.850 | 0.850 | not reached | not reached | not reached |" in md
     curves = csv(root, "fig5")
     assert curves[curves["label"] == "topk rho=0.001 P=4"]["iterations"].tolist() == [5, 10, 15]
     gap = csv(root, "fig5_gap").set_index(["label", "iteration"])

@@ -1,0 +1,107 @@
+"""The Fig. 5 table's regime columns (coverage, trend, seeds) and the gap-against-coverage
+CSV, on hand-written run directories whose answers are worked out by hand below: 5
+iterations per epoch, 270 parameters, sparse updates of 27 coordinates per iteration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.figures import fig5
+from tests.unit.test_analysis import csv, write_training
+
+M = 270  # parameters: write_training's dense update_nnz
+
+
+@pytest.fixture
+def fig5_runs(tmp_path):
+    root = tmp_path / "fig5_seeds"
+    # dense, two seeds: finals 0.90 and 0.92, target 0.99 x median 0.91 = 0.9009; coverage 15 x 270 / 270
+    write_training(root, "dense", [0.5, 0.8, 0.90], seed=0, summary={"params": M})
+    write_training(root, "dense", [0.5, 0.85, 0.92], seed=1, summary={"params": M})
+    # gTop-k seed 0: coverage and a rising trend from its summary; never reaches 0.9009
+    write_training(root, "gtopk", [0.3, 0.6, 0.85], seed=0, summary={"coverage": 0.7, "top1_still_rising": True})
+    # gTop-k seed 1: no summary: coverage from the last epoch row (0.5), trend fitted (flat:
+    # slope 0.31 per epoch, its 95 % interval with 1 degree of freedom spans 0); 0.91 at epoch 1
+    write_training(root, "gtopk", [0.3, 0.91, 0.92], seed=1, epoch_coverage=[0.1, 0.3, 0.5])
+    # Top-k: coverage computed from update_nnz: 15 iterations x 27 / 270 = 1.5; 0.905 at epoch 1
+    write_training(root, "topk", [0.4, 0.905, 0.88], seed=0, summary={"params": M})
+    # gTop-k rho 0.01, seed 2: no dense run of seed 2 -> dense's mean over seeds
+    write_training(root, "gtopk", [0.4, 0.7, 0.81], density=0.01, seed=2, summary={"coverage": 3.0})
+    # recorded before coverage: no summary, no epoch coverage -> blank
+    write_training(root, "gtopk", [0.2, 0.4, 0.6], nodes=8)
+    fig5.main([str(root)])
+    return root
+
+
+def test_table_coverage_trend_and_seeds(fig5_runs):
+    tab = csv(fig5_runs, "fig5_table").set_index("label")
+    g = tab.loc["gtopk rho=0.001 P=4"]
+    assert (g["runs"], g["seeds"]) == (2, "0 / 1")
+    assert (g["final_top1"], g["final_top1_min"], g["final_top1_max"]) == pytest.approx((0.885, 0.85, 0.92))
+    assert g["iterations_to_target_per_seed"] == "not reached / 10"
+    assert g["iterations_to_target"] == "not reached"  # the median of (never, 10)
+    assert g["coverage"] == pytest.approx(0.6)  # mean of 0.7 (summary) and 0.5 (last epoch row)
+    assert g["trend"] == "still rising in 1/2 seeds"
+    t = tab.loc["topk rho=0.001 P=4"]
+    assert t["coverage"] == pytest.approx(1.5)
+    assert (t["iterations_to_target_per_seed"], t["iterations_to_target"]) == ("10", "10")
+    assert t["trend"] == "flat"
+    d = tab.loc["dense P=4"]
+    # seed 0's final 0.90 is below 99 % of the median of 0.90 and 0.92
+    assert (d["coverage"], d["seeds"], d["iterations_to_target_per_seed"]) == (15.0, "0 / 1", "not reached / 15")
+    assert tab.loc["dense P=4", "target_top1"] == pytest.approx(0.9009)
+    assert pd.isna(tab.loc["gtopk rho=0.001 P=8", "coverage"])
+    assert tab.loc["gtopk rho=0.001 P=8", "trend"] == "still rising"  # 0.2, 0.4, 0.6: no noise
+    md = (fig5_runs / "analysis" / "fig5_table.md").read_text()
+    assert (
+        "| resnet20 | 4 | gtopk rho=0.001 P=4 | 0 / 1 | 0.885 (0.850-0.920) | 0.920 | not reached / 10 | "
+        "not reached | not reached | 0.6 | still rising in 1/2 seeds |"
+    ) in md
+    assert "| resnet20 | 8 | gtopk rho=0.001 P=8 | 0 | 0.600 | 0.600 |  |  |  |  | still rising |" in md
+
+
+def test_gap_against_coverage(fig5_runs):
+    for ext in ("png", "pdf", "csv"):
+        assert (fig5_runs / "analysis" / f"gap_coverage.{ext}").stat().st_size > 0
+    pts = csv(fig5_runs, "gap_coverage")
+    end = pts[pts["final"]].set_index(["label", "seed"])
+    assert set(end.index) == {
+        ("gtopk rho=0.001 P=4", 0),
+        ("gtopk rho=0.001 P=4", 1),
+        ("topk rho=0.001 P=4", 0),
+        ("gtopk rho=0.01 P=4", 2),
+    }  # dense is the reference; P = 8 has no dense run and no coverage
+    assert end.loc[("gtopk rho=0.001 P=4", 0), ["coverage", "gap"]].tolist() == pytest.approx([0.7, 0.05])
+    assert end.loc[("gtopk rho=0.001 P=4", 0), "dense_from"] == "seed 0"
+    assert end.loc[("gtopk rho=0.001 P=4", 1), ["coverage", "gap"]].tolist() == pytest.approx([0.5, 0.0])
+    assert end.loc[("topk rho=0.001 P=4", 0), ["coverage", "gap"]].tolist() == pytest.approx([1.5, 0.02])
+    other = end.loc[("gtopk rho=0.01 P=4", 2)]
+    assert (other["dense_from"], other["dense_top1"], other["gap"]) == (
+        "mean of 2 dense runs",
+        0.91,
+        pytest.approx(0.1),
+    )
+    assert set(pts["curve"]) == {"gtopk", "topk"}
+    # seed 1's epochs (coverage so far 0.1, 0.3, 0.5) against dense seed 1 at the same epoch
+    seed1 = pts[~pts["final"] & (pts["seed"] == 1)].sort_values("epoch")
+    assert seed1["coverage"].tolist() == [0.1, 0.3, 0.5]
+    assert seed1["gap"].tolist() == pytest.approx([0.2, -0.06, 0.0])
+
+
+def test_reproduce_fig5_sweeps_per_dataset():
+    """make reproduce-fig5 [DATA=fashion] [FULL=1]: which run.py -m sweeps, into which folder."""
+    from analysis.reproduce import fig5_sweeps, first_job
+
+    assert fig5_sweeps([], False, "digits") == [["experiment=fig5_quick"]]  # the default stays the digits
+    sparse, dense = fig5_sweeps(["seed=0,1"], False, "fashion")
+    assert sparse == ["experiment=fig5_fashion_quick", "seed=0,1"]
+    assert dense == ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001", "seed=0,1"]
+    assert first_job(sparse)[0] == first_job(dense)[0] == Path("runs/fig5_fashion_quick")  # one table
+    # an override that sets the reducer replaces both passes' reducer axis: one sweep
+    assert fig5_sweeps(["reducer=dense,gtopk"], False, "fashion") == [
+        ["experiment=fig5_fashion_quick", "reducer=dense,gtopk"]
+    ]
+    assert fig5_sweeps([], True, "fashion") == [["experiment=fig5_fashion_paper"]]
