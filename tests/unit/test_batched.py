@@ -107,15 +107,15 @@ def test_both_modes_draw_the_same_shards_and_rng_streams_and_agree_on_one_step(c
         assert (w.batched is not None) == batched
         seen: list[list] = [[] for _ in w.ranks]
 
-        def fetcher(rank: int, stream):
+        def fetcher(kept: list, stream):
             def fetch():
                 got = next(stream)
-                seen[rank].append([(x.clone(), y.clone()) for x, y in got])
+                kept.append([(x.clone(), y.clone()) for x, y in got])
                 return got
 
             return fetch
 
-        fetches = [fetcher(vr.rank, vr.groups(0)) for vr in w.ranks]
+        fetches = [fetcher(seen[vr.rank], vr.groups(0)) for vr in w.ranks]
         rows = w.step(fetches, lr=0.1)
         runs[batched] = (w, seen, rows)
     (exact, seen_e, rows_e), (fast, seen_b, rows_b) = runs[False], runs[True]
