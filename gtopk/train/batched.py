@@ -61,11 +61,36 @@ class BatchedGradients:
         self.buffers = {n: b.detach().unsqueeze(0).repeat(world, *([1] * b.dim())) for n, b in model.named_buffers()}
         self.grads = torch.zeros(world, self.m, dtype=first.dtype, device=first.device)
         self._pass = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None, 0, 0, 0, None), randomness="error")
+        self._eval = vmap(self._scores, in_dims=(None, 0, 0, 0), randomness="error")
 
     def _loss(self, params: dict, buffers: dict, x: Tensor, y: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         """One rank's loss on its batch (with its own BN statistics), scaled; and its value."""
         loss = F.cross_entropy(functional_call(self.model, (params, buffers), (x,)), y) * scale
         return loss, loss.detach()
+
+    def _scores(self, params: dict, buffers: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """One rank's summed test loss and number of correct top-1 predictions on a batch."""
+        out = functional_call(self.model, (params, buffers), (x,))
+        return F.cross_entropy(out, y, reduction="sum"), (out.argmax(1) == y).sum()
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """Each rank's summed loss and correct count on its batch ``batches[i]`` (all of one
+        size), with its own BN statistics (the model in eval mode: nothing is updated);
+        two [world] float64 tensors."""
+        was_training = self.model.training
+        self.model.eval()
+        loss, correct = torch.zeros(self.world, dtype=torch.float64), torch.zeros(self.world, dtype=torch.float64)
+        try:
+            for a in range(0, self.world, self.chunk):
+                e = min(self.world, a + self.chunk)
+                x = torch.stack([batches[i][0] for i in range(a, e)])
+                y = torch.stack([batches[i][1] for i in range(a, e)])
+                got = self._eval(self.params, {n: b[a:e] for n, b in self.buffers.items()}, x, y)
+                loss[a:e], correct[a:e] = got[0].to(loss), got[1].to(correct)
+        finally:
+            self.model.train(was_training)
+        return loss, correct
 
     def rank_buffers(self, rank: int) -> list[Tensor]:
         """Rank ``rank``'s buffers as views into the stacked ones, in ``model.buffers()``

@@ -217,7 +217,10 @@ class SimulatedWorker:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Test loss and top-1 over all ranks' test shards, each rank with its own BN
-        statistics (``Worker.evaluate``, its all_reduce a sum in rank order here)."""
+        statistics (``Worker.evaluate``, its all_reduce a sum in rank order here; batched:
+        all ranks' j-th test batches in one pass, each rank's loader started under its RNG)."""
+        if self.batched is not None:
+            return self.batched_evaluate()
         sums = torch.zeros(3, dtype=torch.float64)
         for vr in self.ranks:
             with self.active(vr):
@@ -230,6 +233,20 @@ class SimulatedWorker:
                     heartbeat()
                 self.model.train()
         return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
+
+    def batched_evaluate(self) -> dict:
+        streams = []
+        for vr in self.ranks:
+            with self.drawing(vr):
+                streams.append(iter(vr.test_loader))
+        loss = correct = count = 0.0
+        for batches in zip(*streams):  # every rank's shard has as many batches, of one size each
+            batches = [(x.to(self.device), y.to(self.device)) for x, y in batches]
+            sums = self.batched.evaluate(batches)
+            loss, correct = loss + sums[0].sum().item(), correct + sums[1].sum().item()
+            count += sum(y.numel() for _, y in batches)
+            heartbeat()
+        return {"test_loss": loss / count, "test_top1": correct / count}
 
     def save(self, epoch: int, metrics: dict) -> None:
         """Every rank's checkpoint file, in the distributed format (its own BN statistics,

@@ -99,8 +99,9 @@ def worker(compose, tmp_path, batched: bool, P: int = 4) -> SimulatedWorker:
 def test_both_modes_draw_the_same_shards_and_rng_streams_and_agree_on_one_step(compose, tmp_path):
     """One step at P = 4 (chunks of 3 and 1) in each mode, from the same seed: every rank
     fetches the same images (its shard, its augmentation draws) and leaves the same RNG
-    state; its gradient, loss and BN statistics agree to float32 rounding; so does the
-    update (gTop-k's selection on gradients this close picks the same coordinates)."""
+    state; its gradient, loss and BN statistics agree to float32 rounding; so do the
+    update (gTop-k's selection on gradients this close picks the same coordinates) and the
+    evaluation after it (each rank's test shard with its own statistics)."""
     runs = {}
     for batched in (False, True):
         w = worker(compose, tmp_path, batched)
@@ -117,8 +118,9 @@ def test_both_modes_draw_the_same_shards_and_rng_streams_and_agree_on_one_step(c
 
         fetches = [fetcher(seen[vr.rank], vr.groups(0)) for vr in w.ranks]
         rows = w.step(fetches, lr=0.1)
-        runs[batched] = (w, seen, rows)
-    (exact, seen_e, rows_e), (fast, seen_b, rows_b) = runs[False], runs[True]
+        runs[batched] = (w, seen, rows, w.evaluate())
+    (exact, seen_e, rows_e, test_e), (fast, seen_b, rows_b, test_b) = runs[False], runs[True]
+    assert test_b == pytest.approx(test_e, rel=1e-5)
     for i, (a, b) in enumerate(zip(exact.ranks, fast.ranks)):
         for (xa, ya), (xb, yb) in zip(seen_e[i][0], seen_b[i][0]):
             assert torch.equal(xa, xb) and torch.equal(ya, yb), i
