@@ -46,7 +46,7 @@ def settings(P: int, mode: str, chunk: int | None) -> list[str]:
     ]
 
 
-def one(P: int, mode: str, epochs: int, evaluate: bool, chunk: int | None) -> dict:
+def one(P: int, mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int) -> dict:
     """Train ``epochs`` epochs in this process; the timings as a dict."""
     from gtopk.train.memory import peak_rss_mb, reset_peak_rss
     from gtopk.train.recipe import DensitySchedule, LRSchedule
@@ -54,7 +54,7 @@ def one(P: int, mode: str, epochs: int, evaluate: bool, chunk: int | None) -> di
     from tests.config import compose_config
 
     cfg = compose_config(settings(P, mode, chunk))
-    torch.set_num_threads(int(cfg.threads_per_worker))
+    torch.set_num_threads(threads or int(cfg.threads_per_worker))
     reset_peak_rss()
     with tempfile.TemporaryDirectory() as run_dir:
         w = SimulatedWorker(P, cfg, Path(run_dir), torch.device("cpu"))
@@ -99,19 +99,25 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4, help="epochs per (P, mode); the first is not timed")
     ap.add_argument("--chunk", type=int, default=64, help="ranks per batched pass (0: all)")
     ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the experiment's, 2)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one (P, mode)
     args = ap.parse_args()
     chunk = args.chunk or None
     if args.one:
-        print(json.dumps(one(args.nodes[0], args.mode, args.epochs, not args.no_eval, chunk)))
+        print(json.dumps(one(args.nodes[0], args.mode, args.epochs, not args.no_eval, chunk, args.threads)))
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"commit {commit}, {os.cpu_count()} cores, torch {torch.__version__}, {args.epochs} epochs per row")
+    threads = args.threads or "the experiment's"
+    print(
+        f"commit {commit}, {os.cpu_count()} cores, {threads} threads, torch {torch.__version__}, {args.epochs} epochs/row"
+    )
     print("   P  mode     img/rank  steps  epoch_s  steps_s  eval_s  peak_rss_mb  load_before  load_after")
     for P in args.nodes:
         before = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "tests.bench.simulated_epoch", "--one", "--nodes", str(P), "--mode", args.mode]
-        cmd += ["--epochs", str(args.epochs), "--chunk", str(args.chunk)] + (["--no-eval"] if args.no_eval else [])
+        cmd += ["--epochs", str(args.epochs), "--chunk", str(args.chunk), "--threads", str(args.threads)] + (
+            ["--no-eval"] if args.no_eval else []
+        )
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             print(f"{P:4d}  {args.mode:8s} failed: {done.stderr.strip().splitlines()[-1:]}")
