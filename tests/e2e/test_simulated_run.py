@@ -1,7 +1,8 @@
 """``run.py cluster=simulated`` as a user runs it: what cannot run there is refused with one
 line before any process starts, and a job stopped after a checkpoint resumes to the very
-weights of an uninterrupted one. (Simulated against distributed runs:
-tests/distributed/test_simulated.py.)"""
+weights of an uninterrupted one (at 8 images per rank ``cluster.batched=auto`` runs the
+batched mode: its per-rank BN statistics and RNG states resume as the exact mode's do).
+(Simulated against distributed runs: tests/distributed/test_simulated.py.)"""
 
 from __future__ import annotations
 
