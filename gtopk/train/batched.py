@@ -113,11 +113,11 @@ class BatchedGradients:
                 y = torch.stack([batches[i][j][1] for i in range(a, e)])
                 bufs = {n: b[a:e] for n, b in self.buffers.items()}  # views: the pass updates them
                 grads, (_, loss) = self._pass(self.params, bufs, x, y, 1.0 / micro)
-                flat = torch.cat([grads[n].reshape(e - a, -1) for n in self.names], dim=1)
+                parts = [grads[n].reshape(e - a, -1) for n in self.names]
                 if j == 0:
-                    self.grads[a:e].copy_(flat)
+                    torch.cat(parts, dim=1, out=self.grads[a:e])  # straight into the ranks' rows
                 else:
-                    self.grads[a:e].add_(flat)
+                    self.grads[a:e].add_(torch.cat(parts, dim=1))
                 losses[a:e] += loss.detach().to(losses)
                 if progress:
                     progress()
