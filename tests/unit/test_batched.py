@@ -74,7 +74,7 @@ def test_one_pass_gives_each_rank_its_own_gradient_and_bn_statistics(dtype, tol)
     assert rel(batched.grads[0], batched.grads[1]) > 1e-3  # the ranks' gradients are their own
 
 
-def worker(compose, tmp_path, batched: bool, P: int = 4) -> SimulatedWorker:
+def worker(compose, tmp_path, batched: bool, P: int = 4, extra: tuple = ()) -> SimulatedWorker:
     cfg = compose(
         [
             "cluster=simulated",
@@ -89,6 +89,7 @@ def worker(compose, tmp_path, batched: bool, P: int = 4) -> SimulatedWorker:
             f"nodes={P}",
             f"cluster.batched={str(batched).lower()}",
             "cluster.chunk=3",
+            *extra,
         ]
     )
     run_dir = tmp_path / str(batched)
@@ -133,6 +134,16 @@ def test_both_modes_draw_the_same_shards_and_rng_streams_and_agree_on_one_step(c
     assert rel(fast.batched.grads[0], fast.batched.grads[1]) > 1e-3
     weights = [torch.cat([p.detach().reshape(-1) for p in w.model.parameters()]) for w in (fast, exact)]
     assert rel(*weights) < 1e-5
+
+
+def test_a_non_finite_gradient_in_one_rank_row_is_found_and_nothing_is_applied(compose, tmp_path):
+    w = worker(compose, tmp_path, True, extra=("fault.kind=nan", "fault.rank=2", "fault.at_iter=0"))
+    before = [p.detach().clone() for p in w.model.parameters()]
+    for vr in w.ranks:
+        vr.faults.before_step(0)
+    rows = w.step([vr.groups(0).__next__ for vr in w.ranks], lr=0.1)
+    assert all(row["nonfinite_ranks"] == [2] for row in rows)
+    assert all(torch.equal(p, q) for p, q in zip(w.model.parameters(), before))
 
 
 def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
