@@ -68,6 +68,7 @@ def test_a_stopped_simulated_job_resumes_bit_identically(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     a, b = (json.loads(RunDir(d).summary.read_text()) for d in (stopped, whole))
     assert a["weights_sha256"] == b["weights_sha256"]
+    assert a["batched"] and b["batched"]  # cluster.batched=auto at 8 images per rank
     assert a["iterations"] == b["iterations"] == 3 * 2  # 3 ranks x the 2 iterations after the 2 of warm-up
     assert [e["epoch"] for e in read_jsonl(RunDir(stopped).epochs)] == [0, 1]
     for rank in range(3):  # the resumed epoch's rows are the uninterrupted run's
