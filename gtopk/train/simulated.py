@@ -7,15 +7,17 @@ step the same schedule (LR warm-up over P, density warm-up, ``max_iters_per_epoc
 evaluation, checkpoint per epoch and records: ``iters.rank<i>.jsonl`` per virtual rank,
 ``epochs.jsonl`` (rank 0's training loss, every rank's test shard), ``summary.json`` with
 ``weights_sha256`` (rank 0's BN statistics, as a distributed job's rank 0 writes it).
-Each step computes the P gradients one after another (``gtopk.train.virtual``), so an
-epoch at any P costs about one single-worker epoch of compute.
+Each step computes the P gradients one after another (``gtopk.train.virtual``), or with
+``cluster.batched`` in one vectorised pass per chunk of ranks (``gtopk.train.batched``);
+the summary's ``batched`` says which ran.
 
-The result is the distributed run's: for Top-k and gTop-k the final weights (and every
-rank's BN statistics, residual and loss) are bit-identical to ``cluster=local`` with the
-same seed, P, ``threads_per_worker`` and ``train.loader_workers=0`` (the simulation
+The result is the distributed run's: in the exact mode (``cluster.batched=false``), for
+Top-k and gTop-k the final weights (and every rank's BN statistics, residual and loss) are
+bit-identical to ``cluster=local`` with the same seed, P, ``threads_per_worker`` and ``train.loader_workers=0`` (the simulation
 always loads in-process; with loader processes a real rank draws its augmentation from
 their RNG instead); dense agrees to float rounding (the all-reduce's summation order).
-``tests/distributed/test_simulated.py`` checks it for P = 2, 3, 4.
+``tests/distributed/test_simulated.py`` checks it for P = 2, 3, 4. The batched mode
+agrees to float rounding per step (``tests/unit/test_batched.py``).
 
 Rows: t_data, t_compute, t_check, t_compr, loss and the diagnostics are the rank's own;
 t_commu is 0 (nothing is sent; bytes_* and messages_sent are what the rank would send,
@@ -67,6 +69,7 @@ def run_simulated(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict:
         "device": str(device),
         "backend": BACKEND,
         "threads_per_worker": torch.get_num_threads(),
+        "batched": w.batched is not None,  # the P gradients in one pass (cluster.batched), not one by one
         **w.compute.describe(),
         **instantiate(cfg.cluster).describe(),
     }

@@ -17,12 +17,18 @@ between real ranks is kept per ``VirtualRank``:
 * its reducer: error-feedback residual and records (``Reducer.reduce_group``);
 * its records: ``iters.rank<i>.jsonl`` and checkpoint file, in the distributed format.
 
+A step computes the P gradients one after another (the exact mode) or, with
+``cluster.batched`` (``gtopk.train.batched``), in one vectorised pass per chunk of ranks:
+each rank's batch is still fetched under its own RNG state, and its BatchNorm statistics
+are then its slice of one stacked buffer (``VirtualRank.buffers`` are views into it).
+
 Nothing here is collective: the process needs no process group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +41,7 @@ from gtopk.host import Clock, heartbeat
 from gtopk.records.rundir import JsonLines, RunDir
 from gtopk.reducers.base import ReduceRecord
 from gtopk.train.backward import Backward
+from gtopk.train.batched import BatchedGradients, use_batched
 from gtopk.train.data import build_loader
 from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite
 from gtopk.train.flatgrad import flat_grads, views_intact
@@ -93,6 +100,12 @@ class SimulatedWorker:
         start = rng_state(device)
         self.ranks = [VirtualRank(i, world, cfg, run_dir, sets, self.buffers, start) for i in range(world)]
         self.reducer = self.ranks[0].reducer  # settings (density) as the job reports them
+        self.batched: BatchedGradients | None = None
+        setting = cfg.cluster.get("batched", False)
+        if use_batched(setting, world, int(cfg.batch_size), self.model):
+            self.batched = BatchedGradients(self.model, world, int(cfg.cluster.get("chunk") or world))
+            for i, vr in enumerate(self.ranks):
+                vr.buffers = self.batched.rank_buffers(i)  # each rank's slice of the stacked statistics
 
     @contextlib.contextmanager
     def active(self, vr: VirtualRank) -> Iterator[None]:
@@ -110,10 +123,27 @@ class SimulatedWorker:
                 for b, mine in zip(self.buffers, vr.buffers):
                     mine.copy_(b)
 
+    @contextlib.contextmanager
+    def drawing(self, vr: VirtualRank) -> Iterator[None]:
+        """Rank ``vr``'s RNG state in force while the block runs (kept as its state after)."""
+        set_rng_state(vr.rng, self.device)
+        try:
+            yield
+        finally:
+            vr.rng = rng_state(self.device)
+
     def step(self, fetches: list, lr: float) -> list[dict]:
-        """One step of every rank: P gradients one after another, their aggregate (the
-        reducers' semantics), the SGD step. One row per rank; t_iter is the whole step."""
-        clock, t0, rows = self.clock, self.clock(), []
+        """One step of every rank: P gradients (one after another, or batched), their
+        aggregate (the reducers' semantics), the SGD step. One row per rank; t_iter is the
+        whole step."""
+        t0 = self.clock()
+        rows = self.gradients(fetches) if self.batched is None else self.batched_gradients(fetches)
+        return self.aggregate(rows, t0, lr)
+
+    def gradients(self, fetches: list) -> list[dict]:
+        """The exact mode: each rank's forward and backward in turn (``compute.gradient``),
+        with its RNG state and BN statistics swapped in."""
+        clock, rows = self.clock, []
         for vr, fetch in zip(self.ranks, fetches):
             ta = clock()
             with self.active(vr):
@@ -128,6 +158,35 @@ class SimulatedWorker:
             rows.append({"t_data": t_data, "t_compute": tb - ta - t_data, "t_check": clock() - tb, "loss": loss})
             rows[-1]["bad"] = bad
             heartbeat()
+        return rows
+
+    def batched_gradients(self, fetches: list) -> list[dict]:
+        """The batched mode: each rank's micro-batches fetched under its RNG state, then
+        all ranks' gradients in one pass per chunk (``BatchedGradients``); t_compute is
+        each rank's share (the passes' time / P)."""
+        clock, rows, batches = self.clock, [], []
+        for vr, fetch in zip(self.ranks, fetches):
+            ta = clock()
+            with self.drawing(vr):
+                batches.append([(x.to(self.device), y.to(self.device)) for x, y in fetch()])
+            rows.append({"t_data": clock() - ta})
+        ta = clock()
+        losses = self.batched.compute(batches, heartbeat).tolist()
+        share = (clock() - ta) / self.world
+        tb = clock()
+        for i, vr in enumerate(self.ranks):
+            vr.grad = self.batched.grads[i]
+            vr.faults.on_gradient(vr.grad)
+        sums = self.batched.grads.sum(1).tolist()  # a NaN or Inf in a row makes its sum one
+        t_check = (clock() - tb) / self.world
+        for vr, row, loss, total in zip(self.ranks, rows, losses, sums):
+            bad = not math.isfinite(total) and has_nonfinite(vr.grad)  # the exact test where the sum says so
+            row.update(t_compute=share, t_check=t_check, loss=loss, bad=bad)
+        return rows
+
+    def aggregate(self, rows: list[dict], t0: float, lr: float) -> list[dict]:
+        """The ranks' gradients (``vr.grad``) aggregated and applied; ``rows`` completed."""
+        clock = self.clock
         bad = [i for i, row in enumerate(rows) if row.pop("bad")]  # every rank's verdict, as the guard's
         t2 = clock()
         recs = [ReduceRecord() for _ in self.ranks]
@@ -162,7 +221,10 @@ class SimulatedWorker:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Test loss and top-1 over all ranks' test shards, each rank with its own BN
-        statistics (``Worker.evaluate``, its all_reduce a sum in rank order here)."""
+        statistics (``Worker.evaluate``, its all_reduce a sum in rank order here; batched:
+        all ranks' j-th test batches in one pass, each rank's loader started under its RNG)."""
+        if self.batched is not None:
+            return self.batched_evaluate()
         sums = torch.zeros(3, dtype=torch.float64)
         for vr in self.ranks:
             with self.active(vr):
@@ -175,6 +237,20 @@ class SimulatedWorker:
                     heartbeat()
                 self.model.train()
         return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
+
+    def batched_evaluate(self) -> dict:
+        streams = []
+        for vr in self.ranks:
+            with self.drawing(vr):
+                streams.append(iter(vr.test_loader))
+        loss = correct = count = 0.0
+        for batches in zip(*streams):  # every rank's shard has as many batches, of one size each
+            batches = [(x.to(self.device), y.to(self.device)) for x, y in batches]
+            sums = self.batched.evaluate(batches)
+            loss, correct = loss + sums[0].sum().item(), correct + sums[1].sum().item()
+            count += sum(y.numel() for _, y in batches)
+            heartbeat()
+        return {"test_loss": loss / count, "test_top1": correct / count}
 
     def save(self, epoch: int, metrics: dict) -> None:
         """Every rank's checkpoint file, in the distributed format (its own BN statistics,

@@ -1,9 +1,9 @@
 """``cluster=simulated`` is the distributed training run: the same jobs run as P real ranks
 (``run_worker`` in a worker group on loopback, gloo) and as P virtual ranks of one process
-(``run_simulated``), for P = 2, 3, 4 and every reducer setting. Top-k and gTop-k: final
-weights (the summary's ``weights_sha256``), every rank's checkpoint (its BatchNorm
-statistics, residual, optimiser and RNG state) and every rank's per-iteration loss and
-diagnostics are bit-identical; dense agrees to float rounding (gloo sums in its own order;
+(``run_simulated``, exact mode: ``cluster.batched=false``), for P = 2, 3, 4 and every
+reducer setting. Top-k and gTop-k: final weights (the summary's ``weights_sha256``), every
+rank's checkpoint (its BatchNorm statistics, residual, optimiser and RNG state) and every
+rank's per-iteration loss and diagnostics are bit-identical; dense agrees to float rounding (gloo sums in its own order;
 bit-identical at P = 2).
 
 Small and fast: ResNet-20 on 16x16 digits, 8 images per rank and step, 2 epochs of 2 steps
@@ -54,7 +54,8 @@ ROW_KEYS = ("loss", "density", "selected", "update_nnz", "lost_l1", "bytes_sent"
 
 
 def job_config(setting: str, P: int, cluster: str) -> dict:
-    cfg = compose_config([*COMMON, *SETTINGS[setting], f"nodes={P}", f"cluster={cluster}"])
+    exact = ["cluster.batched=false"] if cluster == "simulated" else []  # one rank after another
+    cfg = compose_config([*COMMON, *SETTINGS[setting], f"nodes={P}", f"cluster={cluster}", *exact])
     return OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -1,7 +1,8 @@
 """``run.py cluster=simulated`` as a user runs it: what cannot run there is refused with one
 line before any process starts, and a job stopped after a checkpoint resumes to the very
-weights of an uninterrupted one. (Simulated against distributed runs:
-tests/distributed/test_simulated.py.)"""
+weights of an uninterrupted one (at 8 images per rank ``cluster.batched=auto`` runs the
+batched mode: its per-rank BN statistics and RNG states resume as the exact mode's do).
+(Simulated against distributed runs: tests/distributed/test_simulated.py.)"""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_a_stopped_simulated_job_resumes_bit_identically(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     a, b = (json.loads(RunDir(d).summary.read_text()) for d in (stopped, whole))
     assert a["weights_sha256"] == b["weights_sha256"]
+    assert a["batched"] and b["batched"]  # cluster.batched=auto at 8 images per rank
     assert a["iterations"] == b["iterations"] == 3 * 2  # 3 ranks x the 2 iterations after the 2 of warm-up
     assert [e["epoch"] for e in read_jsonl(RunDir(stopped).epochs)] == [0, 1]
     for rank in range(3):  # the resumed epoch's rows are the uninterrupted run's

@@ -5,6 +5,11 @@ real ranks) with the intra-op thread count a real rank of the job would get, and
 process trains all P ranks (``gtopk.train.simulated``). There is no network, so only
 ``mode=train`` runs here; benchmarks (and ``gtopk.perf.netbench``) are refused before
 anything starts, as are reducers that need real processes (DDP).
+
+``batched`` (``auto`` | true | false): compute the P gradients in one vectorised pass per
+``chunk`` ranks (``gtopk.train.batched``) or one after another (false: the exact mode,
+bit-identical to ``cluster=local``); ``auto`` batches where that is faster
+(``gtopk.train.batched.use_batched``). ``chunk``: ranks per pass (null: all P at once).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hydra.utils import get_class
+from hydra.utils import get_class, instantiate
 
 from gtopk.run.cluster.base import Cluster, ClusterError, Placement
 
@@ -25,6 +30,9 @@ class SimulatedCluster(Cluster):
     """P virtual workers in one process (``mode=train`` only)."""
 
     kind = "simulated"
+
+    def __init__(self, batched: str | bool = "auto", chunk: int | None = 64):
+        self.batched, self.chunk = batched, chunk
 
     def check(self, nodes: int) -> None:
         """Called where a real network is needed (the network benchmark): there is none."""
@@ -46,6 +54,7 @@ class SimulatedCluster(Cluster):
                 f"reducer={cfg.reducer_name} cannot run with cluster=simulated (it communicates between "
                 "real processes); use reducer=dense (the same update), topk or gtopk, or cluster=local"
             )
+        self.check_batching(cfg)
         from gtopk.run.checks import count_params, memory_total
 
         need = cfg.nodes * BYTES_PER_PARAM_PER_RANK * count_params(cfg)
@@ -67,3 +76,27 @@ class SimulatedCluster(Cluster):
     @contextmanager
     def up(self, nodes: int) -> Iterator[Placement]:
         yield Placement(master_addr="127.0.0.1", master_port=0)  # the one process's own group
+
+    def check_batching(self, cfg: Any) -> None:
+        """``batched`` and ``chunk`` are settings this cluster knows, and a model whose
+        forward pass draws random numbers is not batched (its ranks' streams would change)."""
+        if self.batched not in ("auto", True, False):
+            raise ClusterError(f"cluster.batched={self.batched!r} is unknown; choose one of auto, true, false")
+        if self.chunk is not None and (
+            isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1
+        ):
+            raise ClusterError(
+                f"cluster.chunk={self.chunk!r} must be an integer >= 1 (ranks per batched pass) or null (all at once)"
+            )
+        if self.batched is True:
+            import torch
+
+            from gtopk.train.batched import has_randomness
+
+            with torch.device("meta"):
+                net = instantiate(cfg.model.net)
+            if has_randomness(net):
+                raise ClusterError(
+                    f"cluster.batched=true with model={cfg.model_name}: its dropout would draw from one stream "
+                    "for all ranks; use cluster.batched=false (or auto)"
+                )

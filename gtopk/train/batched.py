@@ -1,0 +1,138 @@
+"""All P virtual ranks' gradients in one vectorised pass (``cluster.batched``).
+
+``cluster=simulated`` computes the P ranks' gradients either one after another (the exact
+mode: bit-identical to ``cluster=local``) or, here, in one pass per chunk of ranks:
+``torch.func.vmap`` over ``grad_and_value`` of ``functional_call``. The parameters are the
+model's own tensors, shared by every rank (``in_dims=None``: not copied); each rank's
+batch, and each rank's BatchNorm running statistics, are one slice of a stacked,
+rank-major tensor (``in_dims=0``): a vmapped batch norm normalises each rank's batch by
+its own batch statistics and updates only the slice of the stacked buffers that belongs
+to that rank (``torch.func`` updates running statistics in place only where the buffer
+is batched). The output is one [P, m] matrix whose row i is rank i's flat gradient.
+
+What it computes is rank i's gradient on rank i's batch, as the exact mode does; only the
+floating-point evaluation differs (the convolutions run over all the chunk's images at
+once, per-rank weight gradients as grouped convolutions): float64 agrees to ~1e-15, float32
+to ~1e-6 in relative L2 (``tests/unit/test_batched.py``). A model that draws random
+numbers in its forward pass (dropout) cannot be batched this way without changing the
+ranks' RNG streams (``vmap(randomness="error")`` refuses it); ``has_randomness`` tells.
+
+``chunk`` ranks go through one pass (the rest in further passes), so memory grows with the
+chunk, not with P: a pass holds ``chunk`` x (per-rank batch) images' activations and
+``chunk`` per-rank gradients. Nothing here is collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+#: modules whose forward pass draws random numbers (the batched pass cannot keep the ranks' streams)
+RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def has_randomness(model: nn.Module) -> bool:
+    """Whether ``model`` holds a module that draws random numbers in training (dropout)."""
+    return any(isinstance(mod, RANDOM_MODULES) for mod in model.modules())
+
+
+class BatchedGradients:
+    """Per-rank gradients of ``world`` ranks that share ``model``'s parameters.
+
+    ``buffers``: every buffer of the model (BatchNorm running mean, variance and batch
+    count) stacked rank-major, [world, ...], each rank's starting as the model's.
+    ``grads``: [world, m], row i rank i's flat gradient after ``compute`` (the parameters
+    in ``model.parameters()`` order, as ``gtopk.train.flatgrad`` lays them out).
+    """
+
+    def __init__(self, model: nn.Module, world: int, chunk: int):
+        if chunk < 1:
+            raise ValueError(f"chunk={chunk} must be >= 1")
+        self.model, self.world, self.chunk = model, world, chunk
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = {n: p.detach() for n, p in named}  # the model's storage: SGD's updates show here
+        self.m = sum(p.numel() for _, p in named)
+        first = named[0][1]
+        self.buffers = {n: b.detach().unsqueeze(0).repeat(world, *([1] * b.dim())) for n, b in model.named_buffers()}
+        self.grads = torch.zeros(world, self.m, dtype=first.dtype, device=first.device)
+        self._pass = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None, 0, 0, 0, None), randomness="error")
+        self._eval = vmap(self._scores, in_dims=(None, 0, 0, 0), randomness="error")
+
+    def _loss(self, params: dict, buffers: dict, x: Tensor, y: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        """One rank's loss on its batch (with its own BN statistics), scaled; and its value."""
+        loss = F.cross_entropy(functional_call(self.model, (params, buffers), (x,)), y) * scale
+        return loss, loss.detach()
+
+    def _scores(self, params: dict, buffers: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """One rank's summed test loss and number of correct top-1 predictions on a batch."""
+        out = functional_call(self.model, (params, buffers), (x,))
+        return F.cross_entropy(out, y, reduction="sum"), (out.argmax(1) == y).sum()
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """Each rank's summed loss and correct count on its batch ``batches[i]`` (all of one
+        size), with its own BN statistics (the model in eval mode: nothing is updated);
+        two [world] float64 tensors."""
+        was_training = self.model.training
+        self.model.eval()
+        loss, correct = torch.zeros(self.world, dtype=torch.float64), torch.zeros(self.world, dtype=torch.float64)
+        try:
+            for a in range(0, self.world, self.chunk):
+                e = min(self.world, a + self.chunk)
+                x = torch.stack([batches[i][0] for i in range(a, e)])
+                y = torch.stack([batches[i][1] for i in range(a, e)])
+                got = self._eval(self.params, {n: b[a:e] for n, b in self.buffers.items()}, x, y)
+                loss[a:e], correct[a:e] = got[0].to(loss), got[1].to(correct)
+        finally:
+            self.model.train(was_training)
+        return loss, correct
+
+    def rank_buffers(self, rank: int) -> list[Tensor]:
+        """Rank ``rank``'s buffers as views into the stacked ones, in ``model.buffers()``
+        order: writing them writes the rank's slice (checkpoints, evaluation)."""
+        return [b[rank] for b in self.buffers.values()]
+
+    def compute(self, batches: list[list[tuple[Tensor, Tensor]]], progress: Callable[[], None] | None = None) -> Tensor:
+        """Every rank's gradient into ``grads`` (rank i: the mean loss over its micro-batches
+        ``batches[i]``, each weighted 1 / their number, as the exact mode's backward passes
+        sum them); updates each rank's BN statistics. Returns the ranks' losses [world]
+        (the sum of the weighted micro-batch losses). ``progress`` is called after each pass."""
+        if len(batches) != self.world or len({len(b) for b in batches}) != 1:
+            raise ValueError(f"compute needs {self.world} ranks' lists of as many micro-batches each")
+        micro = len(batches[0])
+        losses = torch.zeros(self.world, dtype=torch.float64)
+        for j in range(micro):
+            for a in range(0, self.world, self.chunk):
+                e = min(self.world, a + self.chunk)
+                x = torch.stack([batches[i][j][0] for i in range(a, e)])
+                y = torch.stack([batches[i][j][1] for i in range(a, e)])
+                bufs = {n: b[a:e] for n, b in self.buffers.items()}  # views: the pass updates them
+                grads, (_, loss) = self._pass(self.params, bufs, x, y, 1.0 / micro)
+                parts = [grads[n].reshape(e - a, -1) for n in self.names]
+                if j == 0:
+                    torch.cat(parts, dim=1, out=self.grads[a:e])  # straight into the ranks' rows
+                else:
+                    self.grads[a:e].add_(torch.cat(parts, dim=1))
+                losses[a:e] += loss.detach().to(losses)
+                if progress:
+                    progress()
+        return losses
+
+
+#: ``cluster.batched=auto`` batches when each rank's micro-batch holds at most this many
+#: images (and P > 1, and the model has no dropout); measured on the 2-core machine
+#: (docs/simulated.md): at 16 images per rank the gradient passes tie, at 8 the batched
+#: one is 2.4x faster, from 32 up one pass per rank costs no more
+BATCHED_UP_TO = 16
+
+
+def use_batched(setting: str | bool, world: int, batch_size: int, model: nn.Module) -> bool:
+    """Whether ``cluster.batched`` (``auto``, true or false) means the batched pass here."""
+    if setting == "auto":
+        return world > 1 and batch_size <= BATCHED_UP_TO and not has_randomness(model)
+    return bool(setting)

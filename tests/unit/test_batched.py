@@ -1,0 +1,176 @@
+"""``cluster.batched``: the P virtual ranks' gradients in one vectorised pass
+(``gtopk.train.batched``) against the exact mode (one rank after another).
+
+Tolerances: one step's per-rank gradients agree to 1e-10 relative (L2, per rank) in
+float64 and 1e-5 in float32; each rank's BatchNorm running statistics agree to the same;
+each rank draws the same batches and ends with the same RNG state in both modes (the
+batched pass draws nothing). Trajectories are not compared: top-k selections flip on
+near-ties, so later steps drift apart by more than rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gtopk.train.batched import BatchedGradients, has_randomness, use_batched
+from gtopk.train.models import ResNet20
+from gtopk.train.virtual import SimulatedWorker
+from tests.procs import FAST
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def one_by_one(model: nn.Module, batches: list, start: list) -> tuple[list, list, list]:
+    """The reference: each rank's own copy of the model (its BN statistics), autograd's
+    backward over its micro-batches (loss / their number each). Returns per rank the flat
+    gradient, the BN buffers after the step and the loss."""
+    grads, buffers, losses = [], [], []
+    for rank_batches in batches:
+        net = copy.deepcopy(model)
+        with torch.no_grad():
+            for b, s in zip(net.buffers(), start):
+                b.copy_(s)
+        loss_sum = 0.0
+        for x, y in rank_batches:
+            loss = F.cross_entropy(net(x), y) / len(rank_batches)
+            loss.backward()
+            loss_sum += loss.item()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters()]))
+        buffers.append([b.clone() for b in net.buffers()])
+        losses.append(loss_sum)
+    return grads, buffers, losses
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_one_pass_gives_each_rank_its_own_gradient_and_bn_statistics(dtype, tol):
+    """P = 5 ranks in chunks of 2 (passes of 2, 2, 1), 3 images per rank, 2 micro-batches."""
+    torch.manual_seed(0)
+    model = ResNet20(blocks_per_stage=1).to(dtype).train()
+    start = [b.detach().clone() for b in model.buffers()]
+    P, micro = 5, 2
+    batches = [
+        [(torch.randn(3, 3, 8, 8, dtype=dtype), torch.randint(0, 10, (3,))) for _ in range(micro)] for _ in range(P)
+    ]
+    batched = BatchedGradients(copy.deepcopy(model), P, chunk=2)
+    losses = batched.compute(batches)
+    want_grads, want_buffers, want_losses = one_by_one(model, batches, start)
+    for i in range(P):
+        assert rel(batched.grads[i], want_grads[i]) < tol, i
+        assert losses[i].item() == pytest.approx(want_losses[i], rel=tol)
+        for got, want in zip(batched.rank_buffers(i), want_buffers[i]):
+            if want.is_floating_point():
+                assert rel(got, want) < tol, i
+            else:
+                assert torch.equal(got, want), i  # num_batches_tracked: 2 (one per micro-batch)
+    assert int(batched.rank_buffers(0)[-1]) == micro
+    assert rel(batched.grads[0], batched.grads[1]) > 1e-3  # the ranks' gradients are their own
+
+
+def worker(compose, tmp_path, batched: bool, P: int = 4, extra: tuple = ()) -> SimulatedWorker:
+    cfg = compose(
+        [
+            "cluster=simulated",
+            "mode=train",
+            "data=digits",
+            "data.image_size=8",
+            "data.train_size=96",
+            "data.test_size=16",
+            "batch_size=4",
+            "reducer=gtopk",
+            "density=0.01",
+            f"nodes={P}",
+            f"cluster.batched={str(batched).lower()}",
+            "cluster.chunk=3",
+            *extra,
+        ]
+    )
+    run_dir = tmp_path / str(batched)
+    run_dir.mkdir()
+    return SimulatedWorker(P, cfg, run_dir, torch.device("cpu"))
+
+
+def test_both_modes_draw_the_same_shards_and_rng_streams_and_agree_on_one_step(compose, tmp_path):
+    """One step at P = 4 (chunks of 3 and 1) in each mode, from the same seed: every rank
+    fetches the same images (its shard, its augmentation draws) and leaves the same RNG
+    state; its gradient, loss and BN statistics agree to float32 rounding; so do the
+    update (gTop-k's selection on gradients this close picks the same coordinates) and the
+    evaluation after it (each rank's test shard with its own statistics)."""
+    runs = {}
+    for batched in (False, True):
+        w = worker(compose, tmp_path, batched)
+        assert (w.batched is not None) == batched
+        seen: list[list] = [[] for _ in w.ranks]
+
+        def fetcher(kept: list, stream):
+            def fetch():
+                got = next(stream)
+                kept.append([(x.clone(), y.clone()) for x, y in got])
+                return got
+
+            return fetch
+
+        fetches = [fetcher(seen[vr.rank], vr.groups(0)) for vr in w.ranks]
+        rows = w.step(fetches, lr=0.1)
+        runs[batched] = (w, seen, rows, w.evaluate())
+    (exact, seen_e, rows_e, test_e), (fast, seen_b, rows_b, test_b) = runs[False], runs[True]
+    assert test_b == pytest.approx(test_e, rel=1e-5)
+    for i, (a, b) in enumerate(zip(exact.ranks, fast.ranks)):
+        for (xa, ya), (xb, yb) in zip(seen_e[i][0], seen_b[i][0]):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb), i
+        assert torch.equal(a.rng["cpu"], b.rng["cpu"]), i
+        assert rel(b.grad, a.grad) < 1e-5, i
+        assert rows_b[i]["loss"] == pytest.approx(rows_e[i]["loss"], rel=1e-5)
+        for x, y in zip(b.buffers, a.buffers):
+            assert torch.equal(x, y) if not x.is_floating_point() else rel(x, y) < 1e-5, i
+        assert rows_b[i]["update_nnz"] == rows_e[i]["update_nnz"]
+    assert rel(fast.batched.grads[0], fast.batched.grads[1]) > 1e-3
+    weights = [torch.cat([p.detach().reshape(-1) for p in w.model.parameters()]) for w in (fast, exact)]
+    assert rel(*weights) < 1e-5
+
+
+def test_a_non_finite_gradient_in_one_rank_row_is_found_and_nothing_is_applied(compose, tmp_path):
+    w = worker(compose, tmp_path, True, extra=("fault.kind=nan", "fault.rank=2", "fault.at_iter=0"))
+    before = [p.detach().clone() for p in w.model.parameters()]
+    for vr in w.ranks:
+        vr.faults.before_step(0)
+    rows = w.step([vr.groups(0).__next__ for vr in w.ranks], lr=0.1)
+    assert all(row["nonfinite_ranks"] == [2] for row in rows)
+    assert all(torch.equal(p, q) for p, q in zip(w.model.parameters(), before))
+
+
+def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
+    net = ResNet20(blocks_per_stage=1)
+    assert use_batched("auto", 32, 4, net) and use_batched("auto", 16, 8, net)
+    assert not use_batched("auto", 4, 32, net)  # one pass per rank costs no more there
+    assert not use_batched("auto", 1, 4, net)
+    dropout = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    assert has_randomness(dropout) and not use_batched("auto", 32, 4, dropout)
+    assert use_batched(True, 4, 32, net) and not use_batched(False, 32, 4, net)
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["cluster.batched=maybe"], ["cluster.batched='maybe' is unknown; choose one of auto, true, false"]),
+        (["cluster.chunk=0"], ["cluster.chunk=0 must be an integer >= 1", "or null"]),
+        (["cluster.batched=true", "model=alexnet"], ["cluster.batched=true with model=alexnet", "batched=false"]),
+    ],
+)
+def test_bad_batching_settings_are_one_line_before_any_process(compose, args, fragments):
+    from gtopk.run.job import BAD_INPUT, validate
+
+    with pytest.raises(BAD_INPUT) as info:
+        validate(compose([*FAST, "cluster=simulated", "mode=train", "data=digits", "nodes=2", *args]))
+    line = str(info.value)
+    assert "\n" not in line, line
+    for fragment in fragments:
+        assert fragment in line, line
+    assert not multiprocessing.active_children()
