@@ -35,6 +35,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.host import heartbeat
+from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
 from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
 from gtopk.train.faults import NonFiniteGradient
@@ -78,7 +79,7 @@ def run_simulated(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict:
     try:
         train(w, cfg, logger, progress)
         rows = [row for vr in w.ranks for row in vr.rows]
-        summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum)
+        summary = summarize(rows, meta, cfg.batch_size * cfg.grad_accum, read_jsonl(RunDir(run_dir).epochs))
         summary["weights_identical_across_ranks"] = True  # one set of parameters for all ranks
         with w.active(w.ranks[0]):
             summary["weights_sha256"] = weights_sha256(w.model)
@@ -140,6 +141,7 @@ def train(w: SimulatedWorker, cfg: DictConfig, logger, progress: Progress) -> No
             it_global += 1
             progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {losses[-1]:.3f}")
         metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
+        metrics["coverage"] = coverage(w.ranks[0].rows, w.m)  # so far: rank 0's rows of every epoch run
         w.save(epoch, metrics)  # before the epoch is recorded: a recorded epoch is never re-run
         epochs_log.write(metrics)
         progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)
