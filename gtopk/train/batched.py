@@ -105,7 +105,7 @@ class BatchedGradients:
         if len(batches) != self.world or len({len(b) for b in batches}) != 1:
             raise ValueError(f"compute needs {self.world} ranks' lists of as many micro-batches each")
         micro = len(batches[0])
-        losses = torch.zeros(self.world, dtype=torch.float64)
+        losses = torch.zeros(self.world, dtype=torch.float64, device=self.grads.device)
         for j in range(micro):
             for a in range(0, self.world, self.chunk):
                 e = min(self.world, a + self.chunk)

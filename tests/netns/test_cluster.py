@@ -60,8 +60,8 @@ def test_model_predictions_equal_hand_computed_values():
     # ring: 2(P-1) messages of m/P floats
     assert perfmodel.predict_commu(dense, 4, m, net) == pytest.approx(6 * (1e-3 + 250_000 * 4 * 1e-8))
     topk = {"_target_": "gtopk.reducers.TopKReducer", "density": 0.001, "reselect": False}
-    # recursive-doubling all-gather: log2 P latencies, (P-1) k entries of 8 bytes
-    assert perfmodel.predict_commu(topk, 8, m, net) == pytest.approx(3e-3 + 7 * k * 8 * 1e-8)
+    # ring all-gather (gloo's): P - 1 latencies, (P-1) k entries of 8 bytes
+    assert perfmodel.predict_commu(topk, 8, m, net) == pytest.approx(7e-3 + 7 * k * 8 * 1e-8)
     tree = {"_target_": "gtopk.reducers.GTopKReducer", "density": 0.001, "algorithm": "tree", "putback": "index"}
     # log2 P rounds up and log2 P down, k entries of 8 bytes each
     assert perfmodel.predict_commu(tree, 8, m, net) == pytest.approx(6 * (1e-3 + 8 * k * 1e-8))
