@@ -133,3 +133,21 @@ def one_line_error(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr[-3000:]}"
     return lines[0]
+
+
+def cifar_train(data: Path, reducer: str, *extra: str) -> list[str]:
+    """run.py overrides of a short P = 2 training job on CIFAR-format files at ``data``:
+    2 epochs, batch 16, loaders in-process, no wandb (then ``extra``)."""
+    return [
+        "mode=train",
+        "nodes=2",
+        f"reducer={reducer}",
+        *extra,
+        "data=cifar10",
+        f"data.root={data}",
+        "data.verify=false",
+        "train.epochs=2",
+        "train.loader_workers=0",
+        "model.batch_size.train=16",
+        "logger.wandb=false",
+    ]

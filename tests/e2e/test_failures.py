@@ -21,7 +21,17 @@ from gtopk.records.rundir import JsonLines, read_jsonl
 from gtopk.run.jobs import job_lock
 from gtopk.run.spawn import WorkerError, listen, spawn
 from gtopk.train.datagen import write_cifar10
-from tests.procs import FAST, ROOT, finish, listening_ports, run, session_processes, start, wait_session_empty
+from tests.procs import (
+    FAST,
+    ROOT,
+    cifar_train,
+    finish,
+    listening_ports,
+    run,
+    session_processes,
+    start,
+    wait_session_empty,
+)
 from tests.workers import fail_on_rank1, sleep_forever
 
 
@@ -141,21 +151,7 @@ def test_a_sweep_goes_on_lists_its_unfinished_jobs_and_a_rerun_retries_them(tmp_
 
 def sweep_args(tmp_path: Path, data: Path) -> list[str]:
     """Two training jobs (topk, gtopk) of 2 epochs x 5 iterations, P = 2."""
-    return [
-        "-m",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        "mode=train",
-        "nodes=2",
-        "reducer=topk,gtopk",
-        "density=0.05",
-        "data=cifar10",
-        f"data.root={data}",
-        "data.verify=false",
-        "train.epochs=2",
-        "train.loader_workers=0",
-        "model.batch_size.train=16",
-        "logger.wandb=false",
-    ]
+    return ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *cifar_train(data, "topk,gtopk", "density=0.05")]
 
 
 #: rank 1 of the first job hangs at its first iteration of epoch 1, after the epoch-0

@@ -16,7 +16,7 @@ import torch
 
 from gtopk.records.rundir import read_jsonl
 from gtopk.train.datagen import write_cifar10
-from tests.procs import ROOT, finish, run, start
+from tests.procs import ROOT, cifar_train, finish, run, start
 
 
 @pytest.mark.slow
@@ -103,20 +103,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     from the checkpoints after an interruption, and after a crash between saving an epoch
     and recording it)."""
     data = write_cifar10(tmp_path / "data", per_batch=64)  # 10 iterations per epoch
-    args = [
-        "mode=train",
-        "nodes=2",
-        "reducer=topk",
-        "density=0.05",
-        "data=cifar10",
-        f"data.root={data}",
-        "data.verify=false",
-        "train.epochs=2",
-        "train.loader_workers=0",
-        "model.batch_size.train=16",
-        "logger.wandb=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
+    args = [*cifar_train(data, "topk", "density=0.05"), f"hydra.run.dir={tmp_path / 'run'}"]
     proc = start(*args, "fault.kind=hang", "fault.rank=1", "fault.at_iter=10")
     ckpt = tmp_path / "run" / "checkpoint"
     deadline = time.monotonic() + 300

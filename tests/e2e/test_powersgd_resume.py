@@ -13,7 +13,7 @@ import pytest
 
 from gtopk.records.rundir import read_jsonl
 from gtopk.train.datagen import write_cifar10
-from tests.procs import finish, run, start
+from tests.procs import cifar_train, finish, run, start
 
 
 @pytest.mark.slow
@@ -22,18 +22,7 @@ def test_a_killed_powersgd_job_resumes_to_the_uninterrupted_weights(tmp_path):
     DDP's first single-bucket pass may change at larger P). Rank 1 hangs at the first
     iteration of epoch 1, after epoch 0's checkpoint, so the job is killed mid-training."""
     data = write_cifar10(tmp_path / "data", per_batch=64)  # 10 iterations per epoch at P = 2, batch 16
-    common = [
-        "mode=train",
-        "nodes=2",
-        "reducer=powersgd",
-        "data=cifar10",
-        f"data.root={data}",
-        "data.verify=false",
-        "train.epochs=2",
-        "train.loader_workers=0",
-        "model.batch_size.train=16",
-        "logger.wandb=false",
-    ]
+    common = cifar_train(data, "powersgd")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     out = run(*common, f"hydra.run.dir={whole}")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from gtopk.train.data import DataError, Digits, build_loader, digits
 from gtopk.train.models import ResNet20
+from tests.sgd import train_losses
 
 
 def test_the_file_read_is_what_load_digits_returns():
@@ -88,14 +89,7 @@ def test_a_short_training_run_lowers_the_loss():
         model.train()
         return out
 
-    before, losses = test_loss(), []
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    before = test_loss()
+    losses = train_losses(model, opt, loader, sampler, epochs=2)
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
     assert test_loss() < before

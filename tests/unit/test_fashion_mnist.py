@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gtopk.train.data import DataError, FashionMNIST
 from gtopk.train.data.fashion_mnist import load
 from gtopk.train.data.tensors import resize
 from gtopk.train.datagen import write_fashion_mnist
+from tests.sgd import train_losses
 
 
 @pytest.mark.parametrize("gz", [True, False])
@@ -126,13 +126,5 @@ def test_the_one_channel_model_learns_it(tmp_path):
     loader, sampler = build_loader(train, 32, 0, 1, True, 0, 0)
     model = ResNet20(in_channels=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for epoch in range(3):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    losses = train_losses(model, opt, loader, sampler, epochs=3)
     assert sum(losses[-4:]) / 4 < 0.7 * sum(losses[:4]) / 4
