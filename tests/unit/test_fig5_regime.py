@@ -96,10 +96,24 @@ def test_reproduce_fig5_sweeps_per_dataset():
     from analysis.reproduce import fig5_sweeps, first_job
 
     assert fig5_sweeps([], False, "digits") == [["experiment=fig5_quick"]]  # the default stays the digits
-    sparse, dense = fig5_sweeps(["seed=0,1"], False, "fashion")
-    assert sparse == ["experiment=fig5_fashion_quick", "seed=0,1"]
-    assert dense == ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001", "seed=0,1"]
-    assert first_job(sparse)[0] == first_job(dense)[0] == Path("runs/fig5_fashion_quick")  # one table
+    sparse, dense, second, baselines = fig5_sweeps(["train.epochs=3"], False, "fashion")
+    assert sparse == ["experiment=fig5_fashion_quick", "train.epochs=3"]
+    assert dense == ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001", "train.epochs=3"]
+    # a second seed of every reducer at the paper's point, and the hook baselines on real processes
+    assert second == [
+        "experiment=fig5_fashion_quick",
+        "nodes=4",
+        "density=0.001",
+        "seed=1",
+        "reducer=dense,topk,gtopk,gtopk_exact",
+        "train.epochs=3",
+    ]
+    assert baselines == ["experiment=fig5_fashion_baselines", "reducer=ddp_fp16,powersgd", "train.epochs=3"]
+    folders = {first_job(s)[0] for s in (sparse, dense, second, baselines)}
+    assert folders == {Path("runs/fig5_fashion_quick")}  # one table, one payoff folder
+    # a seed override replaces the second pass's seed
+    second = fig5_sweeps(["seed=2,3"], False, "fashion")[2]
+    assert "seed=1" not in second and second[-1] == "seed=2,3"
     # an override that sets the reducer replaces both passes' reducer axis: one sweep
     assert fig5_sweeps(["reducer=dense,gtopk"], False, "fashion") == [
         ["experiment=fig5_fashion_quick", "reducer=dense,gtopk"]
