@@ -47,6 +47,17 @@ def _colours(labels) -> dict[str, tuple]:
     return dict(zip(names, sns.color_palette("colorblind", len(names))))
 
 
+def seed_band(runs: pd.DataFrame, x: str, metric: str) -> tuple[pd.Series, pd.Series, pd.Series, int]:
+    """One curve's runs (its seeds) -> the mean of ``metric`` over the seeds at each epoch,
+    its min and max, each indexed by ``x`` (the first seed's iterations or the epoch), and
+    the number of seeds. An epoch counts the seeds that recorded it (a run still training
+    has fewer)."""
+    by_epoch = runs.pivot_table(index="epoch", columns="run_dir", values=metric, aggfunc="first")
+    where = runs.drop_duplicates("epoch").set_index("epoch", drop=False)[x].reindex(by_epoch.index)
+    stats = [by_epoch.mean(axis=1), by_epoch.min(axis=1), by_epoch.max(axis=1)]
+    return (*(st.set_axis(where.values) for st in stats), by_epoch.shape[1])
+
+
 def plot_curves(curves: pd.DataFrame) -> plt.Figure:
     rows = _rows(curves)
     colours = _colours(curves["label"])
@@ -55,9 +66,13 @@ def plot_curves(curves: pd.DataFrame) -> plt.Figure:
     for line, (model, nodes) in zip(axes, rows):
         g = curves[(curves["model"] == model) & (curves["nodes"] == nodes)]
         for ax, ((metric, title), (x, xlabel)) in zip(line, panels):
-            for _, run in sorted(g.groupby("run_dir"), key=lambda kv: kv[1]["label"].iloc[0]):
-                run, lab = run.sort_values("epoch"), run["label"].iloc[0]
-                ax.plot(run[x], run[metric], lw=1.3, label=lab, color=colours[lab.rsplit(" P=", 1)[0]])
+            for lab, runs in sorted(g.groupby("label"), key=lambda kv: kv[0]):
+                mean, low, high, seeds = seed_band(runs, x, metric)
+                colour = colours[lab.rsplit(" P=", 1)[0]]
+                name = lab if seeds == 1 else f"{lab} ({seeds} seeds: mean, min-max)"
+                ax.plot(mean.index, mean.values, lw=1.3, label=name, color=colour)
+                if seeds > 1:
+                    ax.fill_between(mean.index, low.values, high.values, alpha=0.2, color=colour, lw=0)
             if metric == "train_loss":
                 ax.set_yscale("log")
             ax.set(xlabel=xlabel, ylabel=title)

@@ -5,8 +5,9 @@
 They return the update every rank's ``reduce`` returns and each rank's ``ReduceRecord``,
 and leave each worker's residual as that rank's ``reduce`` leaves it.
 
-The sparse paths use the distributed reducers' own kernels (``selection.topk_indices``,
-``sparse.merge`` / ``keep_topk`` / ``member_mask``), the same schedules run over a list
+The sparse paths use the distributed reducers' own kernels (``selection.topk_indices``, as
+``topk_rows`` over all ranks' residuals held as one matrix; ``sparse.merge`` / ``keep_topk`` /
+``member_mask``), the same schedules run over a list
 (``schedules.tree_reduce_local`` / ``recursive_doubling_local``: the same combines with
 the same operands, in the same order) and the same summation order, so the update and
 residuals equal the distributed ones bit for bit (and ``gtopk.reducers.reference``'s:
@@ -30,7 +31,7 @@ from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import dense_traffic, gtopk_traffic, topk_traffic
 from gtopk.reducers.schedules import recursive_doubling_local, tree_reduce_local
-from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.selection import k_for, topk_rows
 from gtopk.reducers.sparse import keep_topk, member_mask, merge
 
 Sparse = tuple[Tensor, Tensor]
@@ -40,25 +41,61 @@ def _diagnose(workers: list, recs: list[ReduceRecord], nnz: int, lost: list[floa
     """Fill the diagnostics of every rank's record (when the reducers ask for them)."""
     if not workers[0].diagnostics:
         return
-    for i, (w, rec) in enumerate(zip(workers, recs)):
-        feedback = getattr(w, "feedback", None)
-        residual = None if feedback is None else feedback.residual
+    residuals = [getattr(getattr(w, "feedback", None), "residual", None) for w in workers]
+    matrix = None if residuals[0] is None else _rows_of(residuals)
+    if matrix is not None:
+        norms = torch.linalg.vector_norm(matrix, dim=1).tolist()  # every rank's at once
+    else:
+        norms = [0.0 if r is None else float(torch.linalg.vector_norm(r)) for r in residuals]
+    for i, rec in enumerate(recs):
         rec.update_nnz = nnz
-        rec.residual_norm = 0.0 if residual is None else float(torch.linalg.vector_norm(residual))
+        rec.residual_norm = norms[i]
         rec.lost_l1 = 0.0 if lost is None else lost[i]
 
 
 def _select(workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord]) -> tuple[list, list]:
-    """Each rank's accumulated vector (its residual buffer) and selected indices."""
-    accs, sels = [], []
-    for w, g, rec in zip(workers, grads, recs):
-        t0 = _now(g)
-        acc = w.feedback.accumulate(g)
-        sels.append(topk_indices(acc, k))
-        accs.append(acc)
+    """Each rank's accumulated vector (its residual buffer, ``acc = residual + grad`` as
+    ``ErrorFeedback.accumulate`` computes it) and selected indices, for all ranks at once:
+    the residuals are the rows of one [P, m] matrix (``_residual_rows``) and the selection
+    is ``topk_rows`` over it. Each rank's ``t_compr`` gets an equal share of the time."""
+    t0 = _now(grads[0])
+    acc = _residual_rows(workers, grads)
+    sels = topk_rows(acc, k)
+    share = (_now(grads[0]) - t0) / len(workers)
+    for rec in recs:
         rec.selected = k
-        rec.t_compr += _now(g) - t0
-    return accs, sels
+        rec.t_compr += share
+    return list(acc.unbind(0)), list(sels.unbind(0))
+
+
+def _rows_of(tensors: list[Tensor]) -> Tensor | None:
+    """The [P, m] matrix whose rows ``tensors`` are (views, in order), or None."""
+    base = tensors[0]._base
+    if base is None or base.dim() != 2 or base.shape[0] != len(tensors) or not base.is_contiguous():
+        return None
+    return base if all(t._base is base and t.data_ptr() == base[i].data_ptr() for i, t in enumerate(tensors)) else None
+
+
+def _residual_rows(workers: list, grads: list[Tensor]) -> Tensor:
+    """``acc``: every rank's ``feedback.accumulate(grads[i])`` (residual + gradient, into the
+    residual buffer), with the residuals made the rows of one [P, m] matrix first (once:
+    a restored checkpoint's separate tensors are copied in again). Returns that matrix."""
+    feedbacks = [w.feedback for w in workers]
+    if all(f.residual is None for f in feedbacks):
+        acc = torch.stack([g.detach() for g in grads])  # the first step: acc = grad
+    else:
+        acc = _rows_of([f.residual for f in feedbacks])
+        if acc is None:
+            acc = torch.stack([f.residual for f in feedbacks])
+        matrix = _rows_of(grads)
+        if matrix is not None:
+            acc.add_(matrix)
+        else:
+            for row, g in zip(acc, grads):
+                row.add_(g)
+    for f, row in zip(feedbacks, acc):
+        f.residual = row
+    return acc
 
 
 def _now(t: Tensor) -> float:

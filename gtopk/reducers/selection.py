@@ -152,3 +152,52 @@ def _via_sample(x: Tensor, k: int) -> Tensor | None:
             return cand[_exact(x[cand], k)]
         tried = thr
     return None
+
+
+def topk_rows(x: Tensor, k: int) -> Tensor:
+    """``topk_indices`` of every row of a 2-D tensor ``x`` [P, m]: a [P, k] int64 tensor
+    whose row i is ``topk_indices(x[i], k)`` exactly (same set, same tie rule, ascending).
+
+    For P ranks' accumulated gradients held as one matrix (``cluster=simulated``): the
+    sampled thresholds of all rows come from one ``torch.topk`` over their samples, each
+    row's candidates from the same chunked scan as ``topk_indices``, and the exact
+    selection among the candidates runs once over all rows (padded to the longest row's
+    candidates). A row whose cut leaves fewer than k candidates is selected on its own by
+    ``topk_indices``. Local.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"topk_rows expects a 2-D tensor, got shape {tuple(x.shape)}")
+    P, m = x.shape
+    ranks = _sample_ranks(k, m, len(range(0, m, _stride(m)))) if m >= _EXACT_BELOW and 1 <= k < m else []
+    if not ranks or P == 1:
+        return torch.stack([topk_indices(x[i], k) for i in range(P)]) if P else x.new_empty(0, k, dtype=torch.long)
+    with one_thread(x.device.type == "cpu"):
+        sample = x[:, :: _stride(m)].abs()
+        thr = torch.topk(sample, ranks[0], dim=1, sorted=False).values.amin(1).tolist()
+        cands = [_above(x[i], torch.tensor(t, dtype=x.dtype, device=x.device), t == 0) for i, t in enumerate(thr)]
+    counts = [c.numel() for c in cands]
+    short = [i for i, n in enumerate(counts) if n < k]  # the cut was too high: select those rows alone
+    out = torch.empty(P, k, dtype=torch.long, device=x.device)
+    for i in short:
+        out[i] = topk_indices(x[i], k)
+    rows = [i for i in range(P) if counts[i] >= k]
+    if rows:
+        out[rows] = _exact_rows(x, [cands[i] for i in rows], rows, k)
+    return out
+
+
+def _exact_rows(x: Tensor, cands: list[Tensor], rows: list[int], k: int) -> Tensor:
+    """Row ``rows[j]``'s k largest ``|x|`` among its ascending candidate indices
+    ``cands[j]`` (at least k each), ties to the smaller index: [len(rows), k], ascending."""
+    R, n = len(rows), max(c.numel() for c in cands)
+    idx = torch.zeros(R, n, dtype=torch.long, device=x.device)
+    mag = torch.full((R, n), -1.0, dtype=x.dtype, device=x.device)  # padding: below every |x|
+    for j, (i, c) in enumerate(zip(rows, cands)):
+        idx[j, : c.numel()] = c
+        mag[j, : c.numel()] = x[i].index_select(0, c).abs()
+    kth = torch.topk(mag, k, dim=1, sorted=False).values.amin(1, keepdim=True)
+    above = mag > kth
+    ties = mag == kth
+    need = k - above.sum(1, keepdim=True)
+    keep = above | (ties & (torch.cumsum(ties, 1) <= need))  # the first ties, by index
+    return idx[keep].view(R, k)

@@ -119,3 +119,21 @@ def test_reproduce_fig5_sweeps_per_dataset():
         ["experiment=fig5_fashion_quick", "reducer=dense,gtopk"]
     ]
     assert fig5_sweeps([], True, "fashion") == [["experiment=fig5_fashion_paper"]]
+
+
+def test_fig5_curves_draw_each_reducer_once_with_its_seeds_spread():
+    """Fig. 5's curves: the seeds of one curve become their mean with a min-max band; an
+    epoch only one seed recorded yet (a run still training) is that seed's value."""
+    from analysis.figures.fig5 import seed_band
+
+    rows = [
+        {"run_dir": "s0", "epoch": e, "iterations": 40 * (e + 1), "test_top1": v}
+        for e, v in enumerate([0.5, 0.7, 0.8])
+    ] + [{"run_dir": "s1", "epoch": e, "iterations": 40 * (e + 1), "test_top1": v} for e, v in enumerate([0.3, 0.9])]
+    mean, low, high, seeds = seed_band(pd.DataFrame(rows), "iterations", "test_top1")
+    assert seeds == 2
+    assert mean.index.tolist() == [40, 80, 120]
+    assert mean.tolist() == pytest.approx([0.4, 0.8, 0.8])
+    assert low.tolist() == pytest.approx([0.3, 0.7, 0.8]) and high.tolist() == pytest.approx([0.5, 0.9, 0.8])
+    mean, *_ = seed_band(pd.DataFrame(rows), "epoch", "test_top1")
+    assert mean.index.tolist() == [0, 1, 2]

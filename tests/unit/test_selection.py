@@ -293,3 +293,37 @@ def test_one_thread_sets_and_restores_the_thread_count():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_topk_rows_is_topk_indices_of_every_row(small_sizes):
+    """All P ranks' selections at once (cluster=simulated): row i is topk_indices(x[i])
+    exactly, whatever path each row would take alone (fast, retry, fallback, direct)."""
+    from gtopk.reducers.selection import topk_rows
+
+    g = torch.Generator().manual_seed(7)
+    paths = set()
+    for case in range(80):
+        m, P = int(torch.randint(1, 3000, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        x = torch.stack([random_case(g, m) for _ in range(P)])
+        for k in {1, max(1, m // 1000), max(1, m // 100), max(1, m // 10), m}:
+            got = topk_rows(x, k)
+            assert got.shape == (P, k) and got.dtype == torch.long
+            for i in range(P):
+                want, path = small_sizes(x[i], k)
+                paths.add(path)
+                assert torch.equal(got[i], want), (case, m, P, k, i, path)
+                assert torch.equal(want, brute_topk(x[i], k))
+    assert paths == {"direct", "fast", "retry", "fallback"}, paths
+
+
+def test_topk_rows_at_real_size():
+    """ResNet-20's m, unpatched constants, 8 rows of different scales and one of ties."""
+    from gtopk.reducers.selection import topk_rows
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 269_722, generator=g) * torch.rand(8, 1, generator=g)
+    x[5] = torch.randint(-50, 51, (269_722,), generator=g).float()
+    for k in (1, 269, 2_697):
+        got = topk_rows(x, k)
+        for i in range(8):
+            assert torch.equal(got[i], topk_indices(x[i], k)), (k, i)
