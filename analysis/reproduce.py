@@ -69,7 +69,10 @@ FIG5 = {
         ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001"],  # dense once per P
         # a second seed at the paper's point (P = 4, rho = 0.001), every reducer
         ["experiment=fig5_fashion_quick", "nodes=4", "density=0.001", "seed=1", "reducer=dense,topk,gtopk,gtopk_exact"],
-        ["experiment=fig5_fashion_baselines", "reducer=ddp_fp16,powersgd"],  # DDP-fp16 and PowerSGD, P = 4 real processes, seeds 0, 1
+        [
+            "experiment=fig5_fashion_baselines",
+            "reducer=ddp_fp16,powersgd",
+        ],  # DDP-fp16 and PowerSGD, P = 4 real processes, seeds 0, 1
     ],
     ("fashion", True): [["experiment=fig5_fashion_paper"]],
 }

@@ -127,8 +127,7 @@ def test_fig5_curves_draw_each_reducer_once_with_its_seeds_spread():
     from analysis.figures.fig5 import seed_band
 
     rows = [
-        {"run_dir": "s0", "epoch": e, "iterations": 40 * (e + 1), "test_top1": v}
-        for e, v in enumerate([0.5, 0.7, 0.8])
+        {"run_dir": "s0", "epoch": e, "iterations": 40 * (e + 1), "test_top1": v} for e, v in enumerate([0.5, 0.7, 0.8])
     ] + [{"run_dir": "s1", "epoch": e, "iterations": 40 * (e + 1), "test_top1": v} for e, v in enumerate([0.3, 0.9])]
     mean, low, high, seeds = seed_band(pd.DataFrame(rows), "iterations", "test_top1")
     assert seeds == 2
