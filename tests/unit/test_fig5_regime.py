@@ -136,3 +136,20 @@ def test_fig5_curves_draw_each_reducer_once_with_its_seeds_spread():
     assert low.tolist() == pytest.approx([0.3, 0.7, 0.8]) and high.tolist() == pytest.approx([0.5, 0.9, 0.8])
     mean, *_ = seed_band(pd.DataFrame(rows), "epoch", "test_top1")
     assert mean.index.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("experiment, jobs", [("fig5_fashion_baselines", 4), ("fig5_baselines", 2)])
+def test_the_hook_baselines_sweep_no_density_axis(compose, experiment, jobs):
+    """The hooks do not sparsify: their Fig. 5 sweep must not inherit the quick variant's
+    density axis (each density would train the same job again, under another name, and the
+    table would count the copies as seeds)."""
+    sweep = compose([f"experiment={experiment}"], hydra=True).hydra.sweeper.params
+    axes = {key: str(values).split(",") for key, values in sweep.items()}
+    assert len(axes.get("density", ["one"])) == 1 and axes["nodes"] == ["4"]
+    assert sorted(axes["reducer"]) == ["ddp_fp16", "powersgd"]
+    count = 1
+    for values in axes.values():
+        count *= len(values)
+    assert count == jobs
+    cfg = compose([f"experiment={experiment}", "reducer=powersgd"])
+    assert cfg.cluster_name == "local"  # real worker processes: the hooks run inside DDP
