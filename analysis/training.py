@@ -90,16 +90,27 @@ def iterations_by_epoch(rows: Iterable[dict]) -> dict[int, int]:
     return out
 
 
+#: ``summary.json``'s backend of a ``cluster=simulated`` run (``gtopk.train.simulated.BACKEND``)
+SIMULATED_BACKEND = "in-process"
+
+
 def own_overheads(d: RunDir) -> dict:
-    """Medians of t_data, t_compr and the rest of the step (t_iter less the named parts)
-    over every rank's post-warm-up rows at the run's final density (the density warm-up
-    epochs select more entries)."""
+    """Medians of t_data, t_compr and the rest of the step over every rank's post-warm-up
+    rows at the run's final density (the density warm-up epochs select more entries). The
+    rest is t_iter less the named parts, except in a simulated run (``cluster=simulated``),
+    whose t_iter is the step of all P ranks, one after another: there it is the rows'
+    ``t_update``, the step's aggregation and SGD step (t_iter less one rank's parts would
+    count the other P - 1 ranks' gradients as overhead)."""
     rows = [r for p in d.all_iters() for r in read_jsonl(p) if not r.get("warmup") and "t_iter" in r]
     if not rows:
         return {}
     final = rows[-1].get("density")
     rows = [r for r in rows if r.get("density") == final]
-    rest = [r["t_iter"] - r["t_data"] - r["t_compute"] - r["t_compr"] - r["t_commu"] for r in rows]
+    simulated = d.summary.exists() and d.read_summary().get("backend") == SIMULATED_BACKEND
+    if simulated:
+        rest = [r["t_update"] for r in rows]
+    else:
+        rest = [r["t_iter"] - r["t_data"] - r["t_compute"] - r["t_compr"] - r["t_commu"] for r in rows]
     return {
         "t_data": statistics.median(r["t_data"] for r in rows),
         "t_compr": statistics.median(r["t_compr"] for r in rows),

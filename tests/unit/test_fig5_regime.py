@@ -4,12 +4,14 @@ iterations per epoch, 270 parameters, sparse updates of 27 coordinates per itera
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from analysis.figures import fig5
+from gtopk.records.rundir import RunDir
 from tests.unit.test_analysis import csv, write_training
 
 M = 270  # parameters: write_training's dense update_nnz
@@ -153,3 +155,27 @@ def test_the_hook_baselines_sweep_no_density_axis(compose, experiment, jobs):
     assert count == jobs
     cfg = compose([f"experiment={experiment}", "reducer=powersgd"])
     assert cfg.cluster_name == "local"  # real worker processes: the hooks run inside DDP
+
+
+def _run_with_steps(path: Path, backend: str, steps: list[dict]) -> RunDir:
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({"backend": backend}))
+    rows = [{"iter": i, "warmup": False, "density": 0.001, **s} for i, s in enumerate(steps)]
+    (path / "iters.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return RunDir(path)
+
+
+def test_a_simulated_runs_overheads_are_its_shared_step_not_the_other_ranks_gradients(tmp_path):
+    """make payoff without benchmark jobs models t_iter from the training runs' own steps. A
+    simulated step's t_iter holds all P ranks' gradients (here 4 x 0.05 s): one rank's rest
+    of the step is the recorded t_update (aggregation and SGD step), not t_iter less one
+    rank's parts (0.16 s more); a real rank's rest is what its t_iter leaves."""
+    from analysis.training import SIMULATED_BACKEND, own_overheads
+    from gtopk.train.simulated import BACKEND
+
+    assert SIMULATED_BACKEND == BACKEND
+    step = {"t_data": 0.001, "t_compute": 0.05, "t_compr": 0.002, "t_commu": 0.0}
+    simulated = _run_with_steps(tmp_path / "sim", BACKEND, [{**step, "t_update": 0.004, "t_iter": 0.207}] * 3)
+    assert own_overheads(simulated) == pytest.approx({"t_data": 0.001, "t_compr": 0.002, "t_update": 0.004})
+    real = _run_with_steps(tmp_path / "real", "gloo", [{**step, "t_commu": 0.01, "t_update": 0.9, "t_iter": 0.07}] * 3)
+    assert own_overheads(real)["t_update"] == pytest.approx(0.07 - 0.001 - 0.05 - 0.002 - 0.01)
