@@ -8,9 +8,11 @@ process, and prints per row: the median epoch time (the epoch's training steps a
 evaluation, no records or checkpoints; the first epoch, which warms up, is left out), its
 parts (steps and evaluation), the steps per epoch, the process's peak RSS and the 1-minute
 load average before and after. ``--no-eval`` times the steps only (P = 1,024: 360 test
-images over 1,024 ranks would be 1,024 one-image passes).
+images over 1,024 ranks would be 1,024 one-image passes). ``--image-size 32`` rescales the
+digits to ``experiment=fig5_full``'s 32 x 32.
 
     python -m tests.bench.simulated_epoch --nodes 1 4 16 32 256 --mode batched
+    python -m tests.bench.simulated_epoch --nodes 4 32 --mode batched --image-size 32
     python -m tests.bench.simulated_epoch --nodes 4 32 --mode exact
     python -m tests.bench.simulated_epoch --nodes 1024 --mode batched --epochs 3 --no-eval
 """
@@ -32,8 +34,9 @@ import torch
 GLOBAL_BATCH = 128
 
 
-def settings(P: int, mode: str, chunk: int | None) -> list[str]:
-    """The job's overrides (the fig5 quick setup at P, ``mode`` batched or exact)."""
+def settings(P: int, mode: str, chunk: int | None, image_size: int = 8) -> list[str]:
+    """The job's overrides (the fig5 quick setup at P, ``mode`` batched or exact, the
+    digits rescaled to ``image_size``: 32 is fig5_full's)."""
     per_rank = max(1, GLOBAL_BATCH // P)
     return [
         "experiment=fig5_quick",
@@ -43,17 +46,18 @@ def settings(P: int, mode: str, chunk: int | None) -> list[str]:
         "logger.wandb=false",
         f"cluster.batched={'true' if mode == 'batched' else 'false'}",
         f"cluster.chunk={'null' if chunk is None else chunk}",
+        f"data.image_size={image_size}",
     ]
 
 
-def one(P: int, mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int) -> dict:
+def one(P: int, mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int, image_size: int = 8) -> dict:
     """Train ``epochs`` epochs in this process; the timings as a dict."""
     from gtopk.train.memory import peak_rss_mb, reset_peak_rss
     from gtopk.train.recipe import DensitySchedule, LRSchedule
     from gtopk.train.virtual import SimulatedWorker
     from tests.config import compose_config
 
-    cfg = compose_config(settings(P, mode, chunk))
+    cfg = compose_config(settings(P, mode, chunk, image_size))
     torch.set_num_threads(threads or int(cfg.threads_per_worker))
     reset_peak_rss()
     with tempfile.TemporaryDirectory() as run_dir:
@@ -99,25 +103,30 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4, help="epochs per (P, mode); the first is not timed")
     ap.add_argument("--chunk", type=int, default=64, help="ranks per batched pass (0: all)")
     ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--image-size", type=int, default=8, help="pixels per side (8: fig5_quick's; 32: fig5_full's)")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the experiment's, 2)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one (P, mode)
     args = ap.parse_args()
     chunk = args.chunk or None
     if args.one:
-        print(json.dumps(one(args.nodes[0], args.mode, args.epochs, not args.no_eval, chunk, args.threads)))
+        print(
+            json.dumps(
+                one(args.nodes[0], args.mode, args.epochs, not args.no_eval, chunk, args.threads, args.image_size)
+            )
+        )
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     threads = args.threads or "the experiment's"
     print(
-        f"commit {commit}, {os.cpu_count()} cores, {threads} threads, torch {torch.__version__}, {args.epochs} epochs/row"
+        f"commit {commit}, {os.cpu_count()} cores, {threads} threads, torch {torch.__version__}, {args.epochs} epochs/row, "
+        f"{args.image_size} x {args.image_size} pixels"
     )
     print("   P  mode     img/rank  steps  epoch_s  steps_s  eval_s  peak_rss_mb  load_before  load_after")
     for P in args.nodes:
         before = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "tests.bench.simulated_epoch", "--one", "--nodes", str(P), "--mode", args.mode]
-        cmd += ["--epochs", str(args.epochs), "--chunk", str(args.chunk), "--threads", str(args.threads)] + (
-            ["--no-eval"] if args.no_eval else []
-        )
+        cmd += ["--epochs", str(args.epochs), "--chunk", str(args.chunk), "--threads", str(args.threads)]
+        cmd += ["--image-size", str(args.image_size)] + (["--no-eval"] if args.no_eval else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             print(f"{P:4d}  {args.mode:8s} failed: {done.stderr.strip().splitlines()[-1:]}")
