@@ -15,7 +15,11 @@ from omegaconf import OmegaConf
 from tests.config import options
 
 #: experiments whose runs join another experiment's folder (the hook baselines beside its reducers)
-INTO = {"fig6_baselines": "fig6_reproduce", "fig5_baselines": "fig5_quick"}
+INTO = {
+    "fig6_baselines": "fig6_reproduce",
+    "fig5_baselines": "fig5_quick",
+    "fig5_fashion_baselines": "fig5_fashion_quick",
+}
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
