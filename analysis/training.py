@@ -94,19 +94,22 @@ def iterations_by_epoch(rows: Iterable[dict]) -> dict[int, int]:
 SIMULATED_BACKEND = "in-process"
 
 
-def own_overheads(d: RunDir) -> dict:
+def own_overheads(d: RunDir, summary: dict | None = None) -> dict:
     """Medians of t_data, t_compr and the rest of the step over every rank's post-warm-up
     rows at the run's final density (the density warm-up epochs select more entries). The
     rest is t_iter less the named parts, except in a simulated run (``cluster=simulated``),
     whose t_iter is the step of all P ranks, one after another: there it is the rows'
     ``t_update``, the step's aggregation and SGD step (t_iter less one rank's parts would
-    count the other P - 1 ranks' gradients as overhead)."""
+    count the other P - 1 ranks' gradients as overhead). ``summary``: the run's, when the
+    caller has read it."""
     rows = [r for p in d.all_iters() for r in read_jsonl(p) if not r.get("warmup") and "t_iter" in r]
     if not rows:
         return {}
     final = rows[-1].get("density")
     rows = [r for r in rows if r.get("density") == final]
-    simulated = d.summary.exists() and d.read_summary().get("backend") == SIMULATED_BACKEND
+    if summary is None:
+        summary = d.read_summary() if d.summary.exists() else {}
+    simulated = summary.get("backend") == SIMULATED_BACKEND
     if simulated:
         rest = [r["t_update"] for r in rows]
     else:
@@ -172,7 +175,7 @@ def read_run(d: RunDir) -> TrainRun:
         accum=int(cfg["grad_accum"]),
         params=int(summary["params"]),
         curve=[(e, done[e], float(epochs[e]["test_top1"])) for e in sorted(epochs)],
-        overheads=own_overheads(d),
+        overheads=own_overheads(d, summary),
         seed=None if cfg.get("seed") is None else int(cfg["seed"]),
         coverage=state["coverage"],
         still_rising=state["still_rising"],

@@ -168,11 +168,12 @@ def topk_rows(x: Tensor, k: int) -> Tensor:
     if x.dim() != 2:
         raise ValueError(f"topk_rows expects a 2-D tensor, got shape {tuple(x.shape)}")
     P, m = x.shape
-    ranks = _sample_ranks(k, m, len(range(0, m, _stride(m)))) if m >= _EXACT_BELOW and 1 <= k < m else []
+    stride = _stride(m)
+    ranks = _sample_ranks(k, m, -(-m // stride)) if m >= _EXACT_BELOW and 1 <= k < m else []  # ceil(m / stride) samples
     if not ranks or P == 1:
         return torch.stack([topk_indices(x[i], k) for i in range(P)]) if P else x.new_empty(0, k, dtype=torch.long)
     with one_thread(x.device.type == "cpu"):
-        sample = x[:, :: _stride(m)].abs()
+        sample = x[:, ::stride].abs()
         thr = torch.topk(sample, ranks[0], dim=1, sorted=False).values.amin(1).tolist()
         cands = [_above(x[i], torch.tensor(t, dtype=x.dtype, device=x.device), t == 0) for i, t in enumerate(thr)]
     counts = [c.numel() for c in cands]
