@@ -53,11 +53,12 @@ def _diagnose(workers: list, recs: list[ReduceRecord], nnz: int, lost: list[floa
         rec.lost_l1 = 0.0 if lost is None else lost[i]
 
 
-def _select(workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord]) -> tuple[list, list]:
+def _select(workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord]) -> tuple[Tensor, Tensor]:
     """Each rank's accumulated vector (its residual buffer, ``acc = residual + grad`` as
     ``ErrorFeedback.accumulate`` computes it) and selected indices, for all ranks at once:
-    the residuals are the rows of one [P, m] matrix (``_residual_rows``) and the selection
-    is ``topk_rows`` over it. Each rank's ``t_compr`` gets an equal share of the time."""
+    the residuals are the rows of one [P, m] matrix (``_residual_rows``), returned, and the
+    selection is ``topk_rows`` over it ([P, k]). Each rank's ``t_compr`` gets an equal
+    share of the time."""
     t0 = _now(grads[0])
     acc = _residual_rows(workers, grads)
     sels = topk_rows(acc, k)
@@ -65,7 +66,7 @@ def _select(workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord]
     for rec in recs:
         rec.selected = k
         rec.t_compr += share
-    return list(acc.unbind(0)), list(sels.unbind(0))
+    return acc, sels
 
 
 def _rows_of(tensors: list[Tensor]) -> Tensor | None:
@@ -96,6 +97,21 @@ def _residual_rows(workers: list, grads: list[Tensor]) -> Tensor:
     for f, row in zip(feedbacks, acc):
         f.residual = row
     return acc
+
+
+def _doubling_sum(rows: Tensor) -> Tensor:
+    """``recursive_doubling_local`` of the rows of ``rows`` [P, n] with ``a + b``, one
+    vectorised add per round: the same operand pairs, so the same bits."""
+    P = rows.shape[0]
+    P2 = 1 << (P.bit_length() - 1)
+    cur = rows.clone()
+    if P > P2:
+        cur[: P - P2] += cur[P2:P]
+    step = 1
+    while step < P2:
+        cur[0:P2:2 * step] += cur[step:P2:2 * step]
+        step *= 2
+    return cur[0]
 
 
 def _now(t: Tensor) -> float:
@@ -130,7 +146,8 @@ def topk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[ReduceR
     P, m = len(grads), grads[0].numel()
     k = k_for(workers[0].density, m)
     recs = [ReduceRecord() for _ in workers]
-    accs, sels = _select(workers, grads, k, recs)
+    matrix, sel_rows = _select(workers, grads, k, recs)
+    accs, sels = list(matrix.unbind(0)), list(sel_rows.unbind(0))
     parts = [(sel, acc[sel]) for acc, sel in zip(accs, sels)]
     summed = torch.zeros_like(accs[0])
     for idx, val in parts:  # rank order, as TopKReducer sums the gathered parts
@@ -162,7 +179,7 @@ def gtopk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[Reduce
     w0 = workers[0]
     k = k_for(w0.density, m)
     recs = [ReduceRecord() for _ in workers]
-    accs, sels = _select(workers, grads, k, recs)
+    matrix, sel_rows = _select(workers, grads, k, recs)
     track = w0.diagnostics and w0.putback == "index"
     drops: list[tuple[int, Sparse]] = []  # (owner rank, entries its merge dropped)
 
@@ -176,15 +193,19 @@ def gtopk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[Reduce
         return out
 
     schedule = tree_reduce_local if w0.algorithm == "tree" else recursive_doubling_local
-    final_idx, final_val = schedule([(sel, acc[sel]) for acc, sel in zip(accs, sels)], combine)
+    values = matrix.gather(1, sel_rows)  # [P, k]: each rank's selected values
+    final_idx, final_val = schedule(list(zip(sel_rows.unbind(0), values.unbind(0))), combine)
+    t0 = _now(matrix)
     if w0.putback == "exact":
-        final_val = recursive_doubling_local([acc[final_idx] for acc in accs], lambda a, b, _: a + b)
-        for acc, rec in zip(accs, recs):
-            _timed(rec, acc.__setitem__, final_idx, 0)
-    else:
-        for acc, sel, rec in zip(accs, sels, recs):
-            _timed(rec, acc.__setitem__, sel[member_mask(final_idx, sel)], 0)
-    update = torch.zeros_like(accs[0])
+        final_val = _doubling_sum(matrix[:, final_idx])
+        matrix[:, final_idx] = 0
+    else:  # each rank clears its selected entries that the final set applied, keeps the rest
+        applied = member_mask(final_idx, sel_rows.reshape(-1)).view_as(sel_rows)
+        matrix[applied.nonzero(as_tuple=True)[0], sel_rows[applied]] = 0
+    share = (_now(matrix) - t0) / P
+    for rec in recs:
+        rec.t_compr += share
+    update = torch.zeros_like(matrix[0])
     update[final_idx] = final_val / P
     lost = [0.0] * P
     for rank, (idx, val) in drops:  # each rank's owned merges in the order it makes them

@@ -158,47 +158,114 @@ def topk_rows(x: Tensor, k: int) -> Tensor:
     """``topk_indices`` of every row of a 2-D tensor ``x`` [P, m]: a [P, k] int64 tensor
     whose row i is ``topk_indices(x[i], k)`` exactly (same set, same tie rule, ascending).
 
-    For P ranks' accumulated gradients held as one matrix (``cluster=simulated``): the
-    sampled thresholds of all rows come from one ``torch.topk`` over their samples, each
-    row's candidates from the same chunked scan as ``topk_indices``, and the exact
-    selection among the candidates runs once over all rows (padded to the longest row's
-    candidates). A row whose cut leaves fewer than k candidates is selected on its own by
+    For P ranks' accumulated gradients held as one matrix (``cluster=simulated``), in a
+    few large ops over all rows (so they may use every intra-op thread): each row's first
+    ``_ROWS * W`` entries are viewed as a ``_ROWS x W`` matrix, and its ``W`` column
+    maxima of ``|x|`` (with its last ``m mod _ROWS`` entries as columns of one) give the
+    row's cut ``t`` (``_cut``): a value that at least k column maxima reach, read off a
+    sample of them. At least k columns reach ``t``, each
+    with an entry ``>= t``, so the k largest ``|x|`` are all ``>= t``: the candidates are
+    the entries ``>= t`` in the columns that reach it (``_candidates``), and the exact
+    selection among them runs once over all rows (``_exact_rows``). A row whose cut is 0,
+    or which is too short for the columns to narrow anything, is selected on its own by
     ``topk_indices``. Local.
     """
     if x.dim() != 2:
         raise ValueError(f"topk_rows expects a 2-D tensor, got shape {tuple(x.shape)}")
     P, m = x.shape
-    stride = _stride(m)
-    ranks = _sample_ranks(k, m, -(-m // stride)) if m >= _EXACT_BELOW and 1 <= k < m else []  # ceil(m / stride) samples
-    if not ranks or P == 1:
-        return torch.stack([topk_indices(x[i], k) for i in range(P)]) if P else x.new_empty(0, k, dtype=torch.long)
-    with one_thread(x.device.type == "cpu"):
-        sample = x[:, ::stride].abs()
-        thr = torch.topk(sample, ranks[0], dim=1, sorted=False).values.amin(1).tolist()
-        cands = [_above(x[i], torch.tensor(t, dtype=x.dtype, device=x.device), t == 0) for i, t in enumerate(thr)]
-    counts = [c.numel() for c in cands]
-    short = [i for i, n in enumerate(counts) if n < k]  # the cut was too high: select those rows alone
+    if P == 0:
+        return x.new_empty(0, k, dtype=torch.long)
+    if not 1 <= k <= m:
+        raise ValueError(f"k must be in [1, {m}] for rows of {m} entries, got k={k}")
+    if P == 1 or m < _EXACT_BELOW or 4 * k > m // _ROWS:
+        return torch.stack([topk_indices(x[i], k) for i in range(P)])
+    row, col, counts = _candidates(x, k)
+    full = (counts >= k).tolist()  # a row whose cut is 0 (or NaN) has none
     out = torch.empty(P, k, dtype=torch.long, device=x.device)
-    for i in short:
+    for i in (i for i, ok in enumerate(full) if not ok):
         out[i] = topk_indices(x[i], k)
-    rows = [i for i in range(P) if counts[i] >= k]
-    if rows:
-        out[rows] = _exact_rows(x, [cands[i] for i in rows], rows, k)
+    if any(full):
+        out[torch.tensor(full, device=x.device)] = _exact_rows(x, row, col, counts, full, k)
     return out
 
 
-def _exact_rows(x: Tensor, cands: list[Tensor], rows: list[int], k: int) -> Tensor:
-    """Row ``rows[j]``'s k largest ``|x|`` among its ascending candidate indices
-    ``cands[j]`` (at least k each), ties to the smaller index: [len(rows), k], ascending."""
-    R, n = len(rows), max(c.numel() for c in cands)
-    idx = torch.zeros(R, n, dtype=torch.long, device=x.device)
-    mag = torch.full((R, n), -1.0, dtype=x.dtype, device=x.device)  # padding: below every |x|
-    for j, (i, c) in enumerate(zip(rows, cands)):
-        idx[j, : c.numel()] = c
-        mag[j, : c.numel()] = x[i].index_select(0, c).abs()
+#: ``_cut`` samples every this many column maxima
+_COL_STRIDE = 8
+
+#: ``_candidates`` scans at most this many entries of the matrix per op (whole rows), so
+#: that its scratch (about 3 / ``_ROWS`` of the block) stays bounded at any P
+_BLOCK = 1 << 24
+
+
+def _candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``topk_rows``' candidates: the row and column of every entry of ``x`` [P, m] with
+    ``|x[i, j]| >= t[i] > 0`` (``t[i]``: row i's ``_cut``), two
+    int64 tensors sorted by (row, column), and each row's count ([P]; none for a row whose
+    cut is 0)."""
+    P, m = x.shape
+    W = m // _ROWS
+    rows, cols = [], []
+    step = max(1, _BLOCK // m)
+    for a in range(0, P, step):
+        e = min(P, a + step)
+        body = x[a:e, : _ROWS * W].reshape(e - a, _ROWS, W)
+        tail = x[a:e, _ROWS * W :].abs()
+        colmax = torch.cat([torch.maximum(body.amax(1), body.amin(1).neg_()), tail], 1)  # (aminmax: slower)
+        t, reach = _cut(colmax, k)
+        r, c = torch.nonzero(reach[:, :W], as_tuple=True)
+        j, q = torch.nonzero(body[r, :, c].abs() >= t[r], as_tuple=True)  # the reaching columns' entries
+        rows.append(r[j] + a)
+        cols.append(q * W + c[j])
+        r, c = torch.nonzero(reach[:, W:], as_tuple=True)
+        rows.append(r + a)
+        cols.append(c + _ROWS * W)
+    row, col = torch.cat(rows), torch.cat(cols)
+    order = torch.argsort(row * m + col)
+    return row[order], col[order], torch.bincount(row, minlength=P)
+
+
+def _cut(colmax: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Each row's cut ``t`` ([R, 1]) with at least k of its column maxima ``>= t``, and
+    which columns reach it ([R, n] bool). Read off a strided sample of the maxima
+    (``_sample_ranks``: a few standard deviations deeper than the sample's estimate of
+    the k-th largest); a row whose sampled cut leaves fewer than k columns, or is 0,
+    takes the exact k-th largest maximum. A cut of 0 narrows nothing: it becomes +inf
+    (no candidates; ``topk_rows`` selects that row on its own)."""
+    n = colmax.shape[1]
+    sample = colmax[:, ::_COL_STRIDE]
+    ranks = _sample_ranks(k, n, sample.shape[1])
+    if ranks:
+        t = torch.topk(sample, ranks[0], dim=1, sorted=False).values.amin(1, keepdim=True)
+        reach = colmax >= t
+        short = ((torch.count_nonzero(reach, 1) < k) | (t.squeeze(1) == 0)).nonzero().squeeze(1)
+    else:
+        t, reach = colmax.new_zeros(colmax.shape[0], 1), None
+        short = torch.arange(colmax.shape[0], device=colmax.device)
+    if short.numel():
+        t[short] = torch.topk(colmax[short], k, dim=1, sorted=False).values.amin(1, keepdim=True)
+    t.masked_fill_(t == 0, float("inf"))
+    if reach is None:
+        reach = colmax >= t
+    elif short.numel():
+        reach[short] = colmax[short] >= t[short]
+    return t, reach
+
+
+def _exact_rows(x: Tensor, row: Tensor, col: Tensor, counts: Tensor, full: list[bool], k: int) -> Tensor:
+    """The k largest ``|x[i]|`` among row i's candidates (``row``, ``col`` sorted by row,
+    then column; ``counts[i]`` of them, at least k where ``full[i]``), ties to the smaller
+    index, for every row with ``full[i]``: [sum(full), k], ascending."""
+    P, n = x.shape[0], int(counts.max())
+    pos = torch.arange(row.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[row]
+    idx = torch.zeros(P, n, dtype=torch.long, device=x.device)
+    mag = torch.full((P, n), -1.0, dtype=x.dtype, device=x.device)  # padding: below every |x|
+    idx[row, pos] = col
+    mag[row, pos] = x[row, col].abs()
+    keep_rows = torch.tensor(full, device=x.device)
+    idx, mag = idx[keep_rows], mag[keep_rows]
     kth = torch.topk(mag, k, dim=1, sorted=False).values.amin(1, keepdim=True)
     above = mag > kth
     ties = mag == kth
     need = k - above.sum(1, keepdim=True)
     keep = above | (ties & (torch.cumsum(ties, 1) <= need))  # the first ties, by index
-    return idx[keep].view(R, k)
+    return idx[keep].view(-1, k)

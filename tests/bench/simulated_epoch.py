@@ -35,108 +35,148 @@ GLOBAL_BATCH = 128
 
 
 def settings(P: int, mode: str, chunk: int | None, image_size: int = 8) -> list[str]:
-    """The job's overrides (the fig5 quick setup at P, ``mode`` batched or exact, the
-    digits rescaled to ``image_size``: 32 is fig5_full's)."""
+    """The job's overrides (the fig5 quick setup at P, ``mode`` batched, exact or auto,
+    the digits rescaled to ``image_size``: 32 is fig5_full's)."""
     per_rank = max(1, GLOBAL_BATCH // P)
+    batched = {"batched": "true", "exact": "false", "auto": "auto"}[mode]
     return [
         "experiment=fig5_quick",
         f"nodes={P}",
         f"batch_size={per_rank}",
         "reducer=gtopk",
         "logger.wandb=false",
-        f"cluster.batched={'true' if mode == 'batched' else 'false'}",
+        f"cluster.batched={batched}",
         f"cluster.chunk={'null' if chunk is None else chunk}",
         f"data.image_size={image_size}",
     ]
 
 
-def one(P: int, mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int, image_size: int = 8) -> dict:
-    """Train ``epochs`` epochs in this process; the timings as a dict."""
-    from gtopk.train.memory import peak_rss_mb, reset_peak_rss
-    from gtopk.train.recipe import DensitySchedule, LRSchedule
-    from gtopk.train.virtual import SimulatedWorker
-    from tests.config import compose_config
+class EpochTimer:
+    """One simulated worker of P ranks (``settings``) in this process; ``epoch()`` trains
+    one more epoch and returns its (steps, evaluation) seconds."""
 
-    cfg = compose_config(settings(P, mode, chunk, image_size))
-    torch.set_num_threads(threads or int(cfg.threads_per_worker))
-    reset_peak_rss()
-    with tempfile.TemporaryDirectory() as run_dir:
-        w = SimulatedWorker(P, cfg, Path(run_dir), torch.device("cpu"))
-        assert (w.batched is not None) == (mode == "batched")
-        lr_at = LRSchedule(cfg.model.lr, P, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
-        density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
-        per_epoch = len(w.ranks[0].train_loader)
-        steps, evals = [], []
-        for epoch in range(epochs):
-            for vr in w.ranks:
-                vr.reducer.density = density_at(epoch)
-            t0 = time.perf_counter()
-            streams = [vr.groups(epoch) for vr in w.ranks]
-            for it in range(per_epoch):
-                w.step([s.__next__ for s in streams], lr_at(epoch, it, per_epoch))
-            t1 = time.perf_counter()
-            if evaluate:
-                w.evaluate()
-            steps.append(t1 - t0)
-            evals.append(time.perf_counter() - t1)
+    def __init__(self, P: int, mode: str, chunk: int | None, image_size: int, run_dir: Path):
+        from gtopk.train.recipe import DensitySchedule, LRSchedule
+        from gtopk.train.virtual import SimulatedWorker
+        from tests.config import compose_config
+
+        self.cfg = cfg = compose_config(settings(P, mode, chunk, image_size))
+        self.w = SimulatedWorker(P, cfg, run_dir, torch.device("cpu"))
+        if mode != "auto":
+            assert (self.w.batched is not None) == (mode == "batched")
+        self.mode = "batched" if self.w.batched is not None else "exact"
+        self.lr_at = LRSchedule(cfg.model.lr, P, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
+        self.density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
+        self.per_epoch = len(self.w.ranks[0].train_loader)
+        self.epochs = 0
+
+    def epoch(self, evaluate: bool) -> tuple[float, float]:
+        w, epoch = self.w, self.epochs
         for vr in w.ranks:
+            vr.reducer.density = self.density_at(epoch)
+        t0 = time.perf_counter()
+        streams = [vr.groups(epoch) for vr in w.ranks]
+        for it in range(self.per_epoch):
+            w.step([s.__next__ for s in streams], self.lr_at(epoch, it, self.per_epoch))
+        t1 = time.perf_counter()
+        if evaluate:
+            w.evaluate()
+        self.epochs += 1
+        return t1 - t0, time.perf_counter() - t1
+
+    def close(self) -> None:
+        for vr in self.w.ranks:
             vr.iters.close()
-    timed = slice(1, None) if epochs > 1 else slice(None)
-    step_s, eval_s = statistics.median(steps[timed]), statistics.median(evals[timed])
-    return {
-        "P": P,
-        "mode": mode,
-        "batch_per_rank": int(cfg.batch_size),
-        "steps_per_epoch": per_epoch,
-        "epoch_s": step_s + eval_s,
-        "steps_s": step_s,
-        "eval_s": eval_s,
-        "epochs_timed": len(steps[timed]),
-        "peak_rss_mb": peak_rss_mb(),
-    }
+
+
+def timed(Ps: list[int], mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int, image_size: int = 8) -> list[dict]:
+    """Train ``epochs`` epochs of each P in ``Ps`` in this process, round-robin (epoch e of
+    every P before epoch e + 1 of any, so that all rows see the same machine); one dict of
+    timings per P (medians over the epochs after the first)."""
+    from gtopk.train.memory import peak_rss_mb, reset_peak_rss
+
+    reset_peak_rss()
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = [Path(tmp) / str(P) for P in Ps]
+        for d in dirs:
+            d.mkdir()
+        timers = [EpochTimer(P, mode, chunk, image_size, d) for P, d in zip(Ps, dirs)]
+        torch.set_num_threads(threads or int(timers[0].cfg.threads_per_worker))
+        parts: list[list[tuple[float, float]]] = [[] for _ in Ps]
+        for _ in range(epochs):
+            for t, got in zip(timers, parts):
+                got.append(t.epoch(evaluate))
+        for t in timers:
+            t.close()
+    timed_ = slice(1, None) if epochs > 1 else slice(None)
+    out = []
+    for P, t, got in zip(Ps, timers, parts):
+        steps = [a for a, _ in got[timed_]]
+        evals = [b for _, b in got[timed_]]
+        epochs_s = [a + b for a, b in got[timed_]]
+        out.append(
+            {
+                "P": P,
+                "mode": t.mode,
+                "batch_per_rank": int(t.cfg.batch_size),
+                "steps_per_epoch": t.per_epoch,
+                "epoch_s": statistics.median(epochs_s),
+                "steps_s": statistics.median(steps),
+                "eval_s": statistics.median(evals),
+                "epochs_timed": len(steps),
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        )
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16, 32, 256])
-    ap.add_argument("--mode", choices=["batched", "exact"], default="batched")
+    ap.add_argument("--mode", choices=["batched", "exact", "auto"], default="batched", help="auto: cluster.batched's default per P")
     ap.add_argument("--epochs", type=int, default=4, help="epochs per (P, mode); the first is not timed")
     ap.add_argument("--chunk", type=int, default=64, help="ranks per batched pass (0: all)")
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--image-size", type=int, default=8, help="pixels per side (8: fig5_quick's; 32: fig5_full's)")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the experiment's, 2)")
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one (P, mode)
+    ap.add_argument(
+        "--together", action="store_true", help="all --nodes in one process, their epochs interleaved; ratios to the first P"
+    )
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: its --nodes in this process
     args = ap.parse_args()
     chunk = args.chunk or None
     if args.one:
-        print(
-            json.dumps(
-                one(args.nodes[0], args.mode, args.epochs, not args.no_eval, chunk, args.threads, args.image_size)
-            )
-        )
+        rows = timed(args.nodes, args.mode, args.epochs, not args.no_eval, chunk, args.threads, args.image_size)
+        print(json.dumps(rows))
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     threads = args.threads or "the experiment's"
+    how = "one process, epochs interleaved" if args.together else "a fresh process per P"
     print(
         f"commit {commit}, {os.cpu_count()} cores, {threads} threads, torch {torch.__version__}, {args.epochs} epochs/row, "
-        f"{args.image_size} x {args.image_size} pixels"
+        f"{args.image_size} x {args.image_size} pixels, {how}"
     )
     print("   P  mode     img/rank  steps  epoch_s  steps_s  eval_s  peak_rss_mb  load_before  load_after")
-    for P in args.nodes:
+    groups = [args.nodes] if args.together else [[P] for P in args.nodes]
+    first = None
+    for Ps in groups:
         before = os.getloadavg()[0]
-        cmd = [sys.executable, "-m", "tests.bench.simulated_epoch", "--one", "--nodes", str(P), "--mode", args.mode]
+        cmd = [sys.executable, "-m", "tests.bench.simulated_epoch", "--one", "--nodes", *map(str, Ps), "--mode", args.mode]
         cmd += ["--epochs", str(args.epochs), "--chunk", str(args.chunk), "--threads", str(args.threads)]
         cmd += ["--image-size", str(args.image_size)] + (["--no-eval"] if args.no_eval else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
-            print(f"{P:4d}  {args.mode:8s} failed: {done.stderr.strip().splitlines()[-1:]}")
+            print(f"{Ps}  {args.mode:8s} failed: {done.stderr.strip().splitlines()[-1:]}")
             continue
-        r = json.loads(done.stdout.strip().splitlines()[-1])
-        print(
-            f"{P:4d}  {r['mode']:8s} {r['batch_per_rank']:8d} {r['steps_per_epoch']:6d} {r['epoch_s']:8.2f} "
-            f"{r['steps_s']:8.2f} {r['eval_s']:7.2f} {r['peak_rss_mb']:12.0f} {before:12.2f} {os.getloadavg()[0]:11.2f}",
-            flush=True,
-        )
+        for r in json.loads(done.stdout.strip().splitlines()[-1]):
+            first = first or r
+            ratio = f"  {r['epoch_s'] / first['epoch_s']:.2f}x P = {first['P']}" if args.together and r is not first else ""
+            print(
+                f"{r['P']:4d}  {r['mode']:8s} {r['batch_per_rank']:8d} {r['steps_per_epoch']:6d} {r['epoch_s']:8.2f} "
+                f"{r['steps_s']:8.2f} {r['eval_s']:7.2f} {r['peak_rss_mb']:12.0f} {before:12.2f} {os.getloadavg()[0]:11.2f}"
+                f"{ratio}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -130,12 +130,14 @@ class PathSpy:
 @pytest.fixture
 def small_sizes(monkeypatch):
     """Shrink the size constants so that tensors of a few thousand entries take every path
-    (sampling, chunked column-max scan with a tail, retry, fallback)."""
+    (sampling, chunked column-max scan with a tail, retry, fallback; topk_rows' blocks of rows)."""
     monkeypatch.setattr(selection, "_EXACT_BELOW", 128)
     monkeypatch.setattr(selection, "_SAMPLE", 64)
     monkeypatch.setattr(selection, "_CHUNK", 256)
     monkeypatch.setattr(selection, "_ROWS", 8)
     monkeypatch.setattr(selection, "_MIN_STRIDE", 1)
+    monkeypatch.setattr(selection, "_BLOCK", 4096)  # topk_rows scans a few rows per op
+    monkeypatch.setattr(selection, "_COL_STRIDE", 2)
     return PathSpy(monkeypatch)
 
 
@@ -317,12 +319,19 @@ def test_topk_rows_is_topk_indices_of_every_row(small_sizes):
 
 
 def test_topk_rows_at_real_size():
-    """ResNet-20's m, unpatched constants, 8 rows of different scales and one of ties."""
+    """ResNet-20's m, unpatched constants, rows of different scales, one of ties, one with
+    fewer than k nonzero entries (its cut is 0), one whose largest entries share columns
+    of the scan, and one with a few huge entries."""
     from gtopk.reducers.selection import topk_rows
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(8, 269_722, generator=g) * torch.rand(8, 1, generator=g)
     x[5] = torch.randint(-50, 51, (269_722,), generator=g).float()
+    x[6] = 0.0
+    x[6, torch.randperm(269_722, generator=g)[:200]] = torch.randn(200, generator=g)
+    W = 269_722 // 16
+    x[7, 5 : 16 * W : W] = 1e3  # 16 of the largest in one column of the 16 x W view
+    x[2, -3:] = -1e4  # the entries after the view's last full column
     for k in (1, 269, 2_697):
         got = topk_rows(x, k)
         for i in range(8):
