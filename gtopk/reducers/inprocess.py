@@ -109,7 +109,7 @@ def _doubling_sum(rows: Tensor) -> Tensor:
         cur[: P - P2] += cur[P2:P]
     step = 1
     while step < P2:
-        cur[0:P2:2 * step] += cur[step:P2:2 * step]
+        cur[0 : P2 : 2 * step] += cur[step : P2 : 2 * step]
         step *= 2
     return cur[0]
 

@@ -66,7 +66,9 @@ class EpochTimer:
             assert (self.w.batched is not None) == (mode == "batched")
         self.mode = "batched" if self.w.batched is not None else "exact"
         self.lr_at = LRSchedule(cfg.model.lr, P, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
-        self.density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
+        self.density_at = DensitySchedule(
+            cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs
+        )
         self.per_epoch = len(self.w.ranks[0].train_loader)
         self.epochs = 0
 
@@ -89,7 +91,9 @@ class EpochTimer:
             vr.iters.close()
 
 
-def timed(Ps: list[int], mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int, image_size: int = 8) -> list[dict]:
+def timed(
+    Ps: list[int], mode: str, epochs: int, evaluate: bool, chunk: int | None, threads: int, image_size: int = 8
+) -> list[dict]:
     """Train ``epochs`` epochs of each P in ``Ps`` in this process, round-robin (epoch e of
     every P before epoch e + 1 of any, so that all rows see the same machine); one dict of
     timings per P (medians over the epochs after the first)."""
@@ -133,14 +137,18 @@ def timed(Ps: list[int], mode: str, epochs: int, evaluate: bool, chunk: int | No
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16, 32, 256])
-    ap.add_argument("--mode", choices=["batched", "exact", "auto"], default="batched", help="auto: cluster.batched's default per P")
+    ap.add_argument(
+        "--mode", choices=["batched", "exact", "auto"], default="batched", help="auto: cluster.batched's default per P"
+    )
     ap.add_argument("--epochs", type=int, default=4, help="epochs per (P, mode); the first is not timed")
     ap.add_argument("--chunk", type=int, default=64, help="ranks per batched pass (0: all)")
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--image-size", type=int, default=8, help="pixels per side (8: fig5_quick's; 32: fig5_full's)")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: the experiment's, 2)")
     ap.add_argument(
-        "--together", action="store_true", help="all --nodes in one process, their epochs interleaved; ratios to the first P"
+        "--together",
+        action="store_true",
+        help="all --nodes in one process, their epochs interleaved; ratios to the first P",
     )
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: its --nodes in this process
     args = ap.parse_args()
@@ -161,7 +169,16 @@ def main() -> None:
     first = None
     for Ps in groups:
         before = os.getloadavg()[0]
-        cmd = [sys.executable, "-m", "tests.bench.simulated_epoch", "--one", "--nodes", *map(str, Ps), "--mode", args.mode]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.bench.simulated_epoch",
+            "--one",
+            "--nodes",
+            *map(str, Ps),
+            "--mode",
+            args.mode,
+        ]
         cmd += ["--epochs", str(args.epochs), "--chunk", str(args.chunk), "--threads", str(args.threads)]
         cmd += ["--image-size", str(args.image_size)] + (["--no-eval"] if args.no_eval else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -170,7 +187,9 @@ def main() -> None:
             continue
         for r in json.loads(done.stdout.strip().splitlines()[-1]):
             first = first or r
-            ratio = f"  {r['epoch_s'] / first['epoch_s']:.2f}x P = {first['P']}" if args.together and r is not first else ""
+            ratio = (
+                f"  {r['epoch_s'] / first['epoch_s']:.2f}x P = {first['P']}" if args.together and r is not first else ""
+            )
             print(
                 f"{r['P']:4d}  {r['mode']:8s} {r['batch_per_rank']:8d} {r['steps_per_epoch']:6d} {r['epoch_s']:8.2f} "
                 f"{r['steps_s']:8.2f} {r['eval_s']:7.2f} {r['peak_rss_mb']:12.0f} {before:12.2f} {os.getloadavg()[0]:11.2f}"
