@@ -221,9 +221,13 @@ class Reducer(ABC):
         """The update, written into ``out`` when given (``out`` may alias ``grad``)."""
 
     @classmethod
-    def reduce_group(cls, workers: list[Reducer], grads: list[Tensor]) -> tuple[Tensor, list[ReduceRecord]]:
+    def reduce_group(
+        cls, workers: list[Reducer], grads: list[Tensor], accumulated: bool = False
+    ) -> tuple[Tensor, list[ReduceRecord]]:
         """Local. What rank i's ``reduce(grads[i])`` returns in a group of P = len(workers)
-        ranks, rank i's state being ``workers[i]``'s (updated as ``reduce`` would)."""
+        ranks, rank i's state being ``workers[i]``'s (updated as ``reduce`` would).
+        ``accumulated``: the gradients were already added into the ranks' error-feedback
+        residuals, held as one matrix (``inprocess.residual_matrix``)."""
         raise NotImplementedError(f"{cls.__name__} cannot run its P workers in one process")
 
     def _validate(self, grad: Tensor) -> None:

@@ -68,6 +68,6 @@ class DenseReducer(Reducer):
     simulatable = True
 
     @classmethod
-    def reduce_group(cls, workers, grads):
+    def reduce_group(cls, workers, grads, accumulated=False):
         """Local: ``gtopk.reducers.inprocess.dense_group``."""
-        return dense_group(workers, grads)
+        return dense_group(workers, grads, accumulated)

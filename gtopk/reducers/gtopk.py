@@ -146,6 +146,6 @@ class GTopKReducer(SparseReducer):
     simulatable = True
 
     @classmethod
-    def reduce_group(cls, workers, grads):
+    def reduce_group(cls, workers, grads, accumulated=False):
         """Local: ``gtopk.reducers.inprocess.gtopk_group``."""
-        return gtopk_group(workers, grads)
+        return gtopk_group(workers, grads, accumulated)

@@ -53,14 +53,16 @@ def _diagnose(workers: list, recs: list[ReduceRecord], nnz: int, lost: list[floa
         rec.lost_l1 = 0.0 if lost is None else lost[i]
 
 
-def _select(workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord]) -> tuple[Tensor, Tensor]:
+def _select(
+    workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord], accumulated: bool = False
+) -> tuple[Tensor, Tensor]:
     """Each rank's accumulated vector (its residual buffer, ``acc = residual + grad`` as
     ``ErrorFeedback.accumulate`` computes it) and selected indices, for all ranks at once:
     the residuals are the rows of one [P, m] matrix (``_residual_rows``), returned, and the
     selection is ``topk_rows`` over it ([P, k]). Each rank's ``t_compr`` gets an equal
     share of the time."""
     t0 = _now(grads[0])
-    acc = _residual_rows(workers, grads)
+    acc = _residual_rows(workers, grads, accumulated)
     sels = topk_rows(acc, k)
     share = (_now(grads[0]) - t0) / len(workers)
     for rec in recs:
@@ -77,10 +79,26 @@ def _rows_of(tensors: list[Tensor]) -> Tensor | None:
     return base if all(t._base is base and t.data_ptr() == base[i].data_ptr() for i, t in enumerate(tensors)) else None
 
 
-def _residual_rows(workers: list, grads: list[Tensor]) -> Tensor:
+def residual_matrix(workers: list) -> Tensor | None:
+    """The [P, m] matrix whose rows are the workers' error-feedback residuals (as the
+    reduce leaves them after its first step), or None (no residuals, or not held so)."""
+    feedbacks = [getattr(w, "feedback", None) for w in workers]
+    if any(f is None or f.residual is None for f in feedbacks):
+        return None
+    return _rows_of([f.residual for f in feedbacks])
+
+
+def _residual_rows(workers: list, grads: list[Tensor], accumulated: bool = False) -> Tensor:
     """``acc``: every rank's ``feedback.accumulate(grads[i])`` (residual + gradient, into the
     residual buffer), with the residuals made the rows of one [P, m] matrix first (once:
-    a restored checkpoint's separate tensors are copied in again). Returns that matrix."""
+    a restored checkpoint's separate tensors are copied in again). Returns that matrix.
+    ``accumulated``: the gradients were already added into ``residual_matrix`` (the
+    batched pass's ``accumulate``); ``grads`` only give the shapes."""
+    if accumulated:
+        acc = residual_matrix(workers)
+        if acc is None:
+            raise ValueError("accumulated=True needs the residuals held as one matrix (residual_matrix)")
+        return acc
     feedbacks = [w.feedback for w in workers]
     if all(f.residual is None for f in feedbacks):
         acc = torch.stack([g.detach() for g in grads])  # the first step: acc = grad
@@ -125,8 +143,10 @@ def _timed(rec: ReduceRecord, fn, *args) -> None:
     rec.t_compr += _now(args[0]) - t0
 
 
-def dense_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[ReduceRecord]]:
-    """Dense: the P gradients summed in rank order, / P."""
+def dense_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
+    """Dense: the P gradients summed in rank order, / P (no residuals: ``accumulated`` must be False)."""
+    if accumulated:
+        raise ValueError("dense keeps no residuals: its gradients cannot have been accumulated into them")
     P, m = len(grads), grads[0].numel()
     update = grads[0].detach().clone()
     for g in grads[1:]:
@@ -140,13 +160,14 @@ def dense_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[Reduce
     return update, recs
 
 
-def topk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[ReduceRecord]]:
+def topk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
     """Top-k: every rank's k entries scatter-added in rank order, / P (``reselect``: the k
-    largest of the sum; each rank puts back its selected values outside them)."""
+    largest of the sum; each rank puts back its selected values outside them).
+    ``accumulated``: as ``_residual_rows``."""
     P, m = len(grads), grads[0].numel()
     k = k_for(workers[0].density, m)
     recs = [ReduceRecord() for _ in workers]
-    matrix, sel_rows = _select(workers, grads, k, recs)
+    matrix, sel_rows = _select(workers, grads, k, recs, accumulated)
     accs, sels = list(matrix.unbind(0)), list(sel_rows.unbind(0))
     parts = [(sel, acc[sel]) for acc, sel in zip(accs, sels)]
     summed = torch.zeros_like(accs[0])
@@ -171,15 +192,15 @@ def topk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[ReduceR
     return update, recs
 
 
-def gtopk_group(workers: list, grads: list[Tensor]) -> tuple[Tensor, list[ReduceRecord]]:
+def gtopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
     """gTop-k: the ranks' k-entry sets merged along ``algorithm``'s schedule; ``putback``
     index (the paper's rule) or exact (the ranks' acc summed at the final indices by
-    recursive doubling)."""
+    recursive doubling). ``accumulated``: as ``_residual_rows``."""
     P, m = len(grads), grads[0].numel()
     w0 = workers[0]
     k = k_for(w0.density, m)
     recs = [ReduceRecord() for _ in workers]
-    matrix, sel_rows = _select(workers, grads, k, recs)
+    matrix, sel_rows = _select(workers, grads, k, recs, accumulated)
     track = w0.diagnostics and w0.putback == "index"
     drops: list[tuple[int, Sparse]] = []  # (owner rank, entries its merge dropped)
 

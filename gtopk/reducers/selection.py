@@ -179,13 +179,14 @@ def topk_rows(x: Tensor, k: int) -> Tensor:
         raise ValueError(f"k must be in [1, {m}] for rows of {m} entries, got k={k}")
     if P == 1 or m < _EXACT_BELOW or 4 * k > m // _ROWS:
         return torch.stack([topk_indices(x[i], k) for i in range(P)])
-    row, col, counts = _candidates(x, k)
+    x = x.contiguous()
+    key, row, _, counts = _candidates(x, k)
     full = (counts >= k).tolist()  # a row whose cut is 0 (or NaN) has none
     out = torch.empty(P, k, dtype=torch.long, device=x.device)
     for i in (i for i, ok in enumerate(full) if not ok):
         out[i] = topk_indices(x[i], k)
     if any(full):
-        out[torch.tensor(full, device=x.device)] = _exact_rows(x, row, col, counts, full, k)
+        out[torch.tensor(full, device=x.device)] = _exact_rows(x, key, row, counts, full, k)
     return out
 
 
@@ -197,70 +198,68 @@ _COL_STRIDE = 8
 _BLOCK = 1 << 24
 
 
-def _candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``topk_rows``' candidates: the row and column of every entry of ``x`` [P, m] with
-    ``|x[i, j]| >= t[i] > 0`` (``t[i]``: row i's ``_cut``), two
-    int64 tensors sorted by (row, column), and each row's count ([P]; none for a row whose
-    cut is 0)."""
+def _candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``topk_rows``' candidates in the contiguous ``x`` [P, m]: every entry with
+    ``|x[i, j]| >= t[i]`` (``t[i]``: row i's ``_cut``, +inf where it is 0): its flat index
+    ``i * m + j``, row and column, three int64 tensors in ascending order, and each
+    row's count ([P])."""
     P, m = x.shape
     W = m // _ROWS
-    rows, cols = [], []
+    flat = x.view(-1)
+    spread = torch.arange(_ROWS, device=x.device) * W  # a column's entries, from its first
+    keys = []
     step = max(1, _BLOCK // m)
     for a in range(0, P, step):
         e = min(P, a + step)
         body = x[a:e, : _ROWS * W].reshape(e - a, _ROWS, W)
-        tail = x[a:e, _ROWS * W :].abs()
-        colmax = torch.cat([torch.maximum(body.amax(1), body.amin(1).neg_()), tail], 1)  # (aminmax: slower)
-        t, reach = _cut(colmax, k)
-        r, c = torch.nonzero(reach[:, :W], as_tuple=True)
-        j, q = torch.nonzero(body[r, :, c].abs() >= t[r], as_tuple=True)  # the reaching columns' entries
-        rows.append(r[j] + a)
-        cols.append(q * W + c[j])
-        r, c = torch.nonzero(reach[:, W:], as_tuple=True)
-        rows.append(r + a)
-        cols.append(c + _ROWS * W)
-    row, col = torch.cat(rows), torch.cat(cols)
-    order = torch.argsort(row * m + col)
-    return row[order], col[order], torch.bincount(row, minlength=P)
+        colmax = torch.cat([torch.maximum(body.amax(1), body.amin(1).neg_()), x[a:e, _ROWS * W :].abs()], 1)
+        t, r, c = _cut(colmax, k)  # the columns that reach their row's cut (aminmax above: slower)
+        first = (r + a) * m + c  # a body column's first entry; a tail column's one entry
+        cols = c < W
+        ent = first[cols].unsqueeze(1) + spread  # [columns, _ROWS]: the reaching columns' entries
+        keys.append(ent[flat.take(ent).abs() >= t[r[cols]]])
+        keys.append(first[~cols] + (_ROWS - 1) * W)  # tail columns: their maximum is the entry
+    key = torch.cat(keys).sort().values
+    row = torch.div(key, m, rounding_mode="floor")
+    return key, row, key - row * m, torch.bincount(row, minlength=P)
 
 
-def _cut(colmax: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Each row's cut ``t`` ([R, 1]) with at least k of its column maxima ``>= t``, and
-    which columns reach it ([R, n] bool). Read off a strided sample of the maxima
-    (``_sample_ranks``: a few standard deviations deeper than the sample's estimate of
-    the k-th largest); a row whose sampled cut leaves fewer than k columns, or is 0,
-    takes the exact k-th largest maximum. A cut of 0 narrows nothing: it becomes +inf
-    (no candidates; ``topk_rows`` selects that row on its own)."""
-    n = colmax.shape[1]
+def _cut(colmax: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's cut ``t`` ([R, 1]) that at least k of its column maxima reach, and the
+    (row, column) of the maxima that reach it, ascending. Read off a strided sample of
+    the maxima (``_sample_ranks``: a few standard deviations deeper than the sample's
+    estimate of the k-th largest); a row whose sampled cut leaves fewer than k columns,
+    or is 0, takes the exact k-th largest maximum. A cut of 0 narrows nothing: it becomes
+    +inf (no candidates; ``topk_rows`` selects that row on its own)."""
+    R, n = colmax.shape
     sample = colmax[:, ::_COL_STRIDE]
     ranks = _sample_ranks(k, n, sample.shape[1])
-    if ranks:
-        t = torch.topk(sample, ranks[0], dim=1, sorted=False).values.amin(1, keepdim=True)
-        reach = colmax >= t
-        short = ((torch.count_nonzero(reach, 1) < k) | (t.squeeze(1) == 0)).nonzero().squeeze(1)
-    else:
-        t, reach = colmax.new_zeros(colmax.shape[0], 1), None
-        short = torch.arange(colmax.shape[0], device=colmax.device)
-    if short.numel():
-        t[short] = torch.topk(colmax[short], k, dim=1, sorted=False).values.amin(1, keepdim=True)
-    t.masked_fill_(t == 0, float("inf"))
-    if reach is None:
-        reach = colmax >= t
-    elif short.numel():
-        reach[short] = colmax[short] >= t[short]
-    return t, reach
+    exact = not ranks
+    t = torch.topk(colmax if exact else sample, k if exact else ranks[0], dim=1, sorted=False).values.amin(1, keepdim=True)
+    if exact:
+        t.masked_fill_(t == 0, float("inf"))
+    r, c = torch.nonzero(colmax >= t, as_tuple=True)
+    if not exact:
+        short = ((torch.bincount(r, minlength=R) < k) | (t.squeeze(1) == 0)).nonzero().squeeze(1)
+        if short.numel():  # rare: the exact cut for those rows, then the reaching columns again
+            t[short] = torch.topk(colmax[short], k, dim=1, sorted=False).values.amin(1, keepdim=True)
+            t.masked_fill_(t == 0, float("inf"))
+            r, c = torch.nonzero(colmax >= t, as_tuple=True)
+    return t, r, c
 
 
-def _exact_rows(x: Tensor, row: Tensor, col: Tensor, counts: Tensor, full: list[bool], k: int) -> Tensor:
-    """The k largest ``|x[i]|`` among row i's candidates (``row``, ``col`` sorted by row,
-    then column; ``counts[i]`` of them, at least k where ``full[i]``), ties to the smaller
-    index, for every row with ``full[i]``: [sum(full), k], ascending."""
-    P, n = x.shape[0], int(counts.max())
+def _exact_rows(x: Tensor, key: Tensor, row: Tensor, counts: Tensor, full: list[bool], k: int) -> Tensor:
+    """The k largest ``|x[i]|`` among row i's candidates (flat indices ``key`` of the
+    contiguous ``x``, ascending, their rows ``row``; ``counts[i]`` in row i, at least k
+    where ``full[i]``), ties to the smaller index, for every row with ``full[i]``:
+    [sum(full), k] column indices, ascending."""
+    P, m = x.shape
+    n = int(counts.max())
     pos = torch.arange(row.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[row]
     idx = torch.zeros(P, n, dtype=torch.long, device=x.device)
     mag = torch.full((P, n), -1.0, dtype=x.dtype, device=x.device)  # padding: below every |x|
-    idx[row, pos] = col
-    mag[row, pos] = x[row, col].abs()
+    idx[row, pos] = key - row * m
+    mag[row, pos] = x.view(-1).take(key).abs()
     keep_rows = torch.tensor(full, device=x.device)
     idx, mag = idx[keep_rows], mag[keep_rows]
     kth = torch.topk(mag, k, dim=1, sorted=False).values.amin(1, keepdim=True)

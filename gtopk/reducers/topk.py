@@ -84,6 +84,6 @@ class TopKReducer(SparseReducer):
     simulatable = True
 
     @classmethod
-    def reduce_group(cls, workers, grads):
+    def reduce_group(cls, workers, grads, accumulated=False):
         """Local: ``gtopk.reducers.inprocess.topk_group``."""
-        return topk_group(workers, grads)
+        return topk_group(workers, grads, accumulated)

@@ -123,6 +123,32 @@ class BatchedGradients:
                     progress()
         return losses
 
+    def accumulate(self, batches: list[list[tuple[Tensor, Tensor]]], into: Tensor, progress=None) -> tuple[Tensor, bool]:
+        """``compute``, fused with error feedback's ``acc = residual + grad``: every rank's
+        gradient added into row i of ``into`` [world, m] (the ranks' residuals) straight
+        from the pass, without writing ``grads`` first (one pass over [world, m] fewer).
+        Only when every gradient is finite (each rank's sum over its parameters' blocks
+        is, which a NaN or an Inf anywhere prevents), and for one micro-batch in one chunk;
+        otherwise ``into`` is left as it was and the gradients go to ``grads`` as
+        ``compute`` writes them. Returns the ranks' losses and whether ``into`` got them."""
+        if len(batches) != self.world or any(len(b) != 1 for b in batches) or self.chunk < self.world:
+            return self.compute(batches, progress), False
+        x = torch.stack([b[0][0] for b in batches])
+        y = torch.stack([b[0][1] for b in batches])
+        grads, (_, loss) = self._pass(self.params, self.buffers, x, y, 1.0)
+        parts = [grads[n].reshape(self.world, -1) for n in self.names]
+        losses = loss.detach().to(torch.float64)
+        if progress:
+            progress()
+        if not bool(torch.isfinite(torch.stack([p.sum(1) for p in parts]).sum(0)).all()):
+            torch.cat(parts, dim=1, out=self.grads)  # the exact test decides (a finite sum may overflow)
+            return losses, False
+        start = 0
+        for part in parts:
+            into[:, start : start + part.shape[1]].add_(part)
+            start += part.shape[1]
+        return losses, True
+
 
 #: ``cluster.batched=auto`` batches when each rank's micro-batch holds at most this many
 #: images (and P > 1, and the model has no dropout); measured on the 2-core machine

@@ -40,10 +40,11 @@ from omegaconf import DictConfig
 from gtopk.host import Clock, heartbeat
 from gtopk.records.rundir import JsonLines, RunDir
 from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.inprocess import residual_matrix
 from gtopk.train.backward import Backward
 from gtopk.train.batched import BatchedGradients, use_batched
 from gtopk.train.data import build_loader
-from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite
+from gtopk.train.faults import ON_GRADIENT, FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite
 from gtopk.train.flatgrad import flat_grads, views_intact
 from gtopk.train.loop import Worker
 from gtopk.train.state import Checkpoints, restore, rng_state, set_rng_state, snapshot
@@ -101,6 +102,7 @@ class SimulatedWorker:
         self.ranks = [VirtualRank(i, world, cfg, run_dir, sets, self.buffers, start) for i in range(world)]
         self.reducer = self.ranks[0].reducer  # settings (density) as the job reports them
         self.batched: BatchedGradients | None = None
+        self.accumulated = False  # this step's gradients went straight into the residuals
         setting = cfg.cluster.get("batched", False)
         if use_batched(setting, world, int(cfg.batch_size), self.model):
             self.batched = BatchedGradients(self.model, world, int(cfg.cluster.get("chunk") or world))
@@ -137,6 +139,7 @@ class SimulatedWorker:
         aggregate (the reducers' semantics), the SGD step. One row per rank; t_iter is the
         whole step."""
         t0 = self.clock()
+        self.accumulated = False
         rows = self.gradients(fetches) if self.batched is None else self.batched_gradients(fetches)
         return self.aggregate(rows, t0, lr)
 
@@ -171,8 +174,18 @@ class SimulatedWorker:
                 batches.append([(x.to(self.device), y.to(self.device)) for x, y in fetch()])
             rows.append({"t_data": clock() - ta})
         ta = clock()
-        losses = self.batched.compute(batches, heartbeat).tolist()
+        into = self.fusable_residuals()
+        if into is None:
+            losses, self.accumulated = self.batched.compute(batches, heartbeat).tolist(), False
+        else:
+            got, self.accumulated = self.batched.accumulate(batches, into, heartbeat)
+            losses = got.tolist()
         share = (clock() - ta) / self.world
+        if self.accumulated:  # every gradient finite and already in its rank's residual
+            for vr, row, loss in zip(self.ranks, rows, losses):
+                vr.grad = None
+                row.update(t_compute=share, t_check=0.0, loss=loss, bad=False)
+            return rows
         tb = clock()
         for i, vr in enumerate(self.ranks):
             vr.grad = self.batched.grads[i]
@@ -184,6 +197,14 @@ class SimulatedWorker:
             row.update(t_compute=share, t_check=t_check, loss=loss, bad=bad)
         return rows
 
+    def fusable_residuals(self) -> torch.Tensor | None:
+        """The ranks' residuals as one [P, m] matrix when the batched pass may add the
+        gradients into them directly (``BatchedGradients.accumulate``): error-feedback
+        reducers past their first step, and no rank poisons its gradient this step."""
+        if any(vr.faults.armed and vr.faults.spec.kind in ON_GRADIENT for vr in self.ranks):
+            return None
+        return residual_matrix([vr.reducer for vr in self.ranks])
+
     def aggregate(self, rows: list[dict], t0: float, lr: float) -> list[dict]:
         """The ranks' gradients (``vr.grad``) aggregated and applied; ``rows`` completed."""
         clock = self.clock
@@ -192,7 +213,11 @@ class SimulatedWorker:
         recs = [ReduceRecord() for _ in self.ranks]
         if not bad:  # a step with a non-finite gradient applies nothing (nonfinite=skip)
             reducers = [vr.reducer for vr in self.ranks]
-            update, recs = type(reducers[0]).reduce_group(reducers, [vr.grad for vr in self.ranks])
+            if self.accumulated:  # the rows of the residual matrix give the shapes
+                grads = list(residual_matrix(reducers).unbind(0))
+            else:
+                grads = [vr.grad for vr in self.ranks]
+            update, recs = type(reducers[0]).reduce_group(reducers, grads, self.accumulated)
             self.apply(update, lr)
         t4 = clock()
         shared = t4 - t2 - sum(rec.t_compr for rec in recs)  # aggregating (not one rank's) + SGD step
