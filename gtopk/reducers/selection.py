@@ -235,7 +235,9 @@ def _cut(colmax: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     sample = colmax[:, ::_COL_STRIDE]
     ranks = _sample_ranks(k, n, sample.shape[1])
     exact = not ranks
-    t = torch.topk(colmax if exact else sample, k if exact else ranks[0], dim=1, sorted=False).values.amin(1, keepdim=True)
+    t = torch.topk(colmax if exact else sample, k if exact else ranks[0], dim=1, sorted=False).values.amin(
+        1, keepdim=True
+    )
     if exact:
         t.masked_fill_(t == 0, float("inf"))
     r, c = torch.nonzero(colmax >= t, as_tuple=True)

@@ -123,7 +123,9 @@ class BatchedGradients:
                     progress()
         return losses
 
-    def accumulate(self, batches: list[list[tuple[Tensor, Tensor]]], into: Tensor, progress=None) -> tuple[Tensor, bool]:
+    def accumulate(
+        self, batches: list[list[tuple[Tensor, Tensor]]], into: Tensor, progress=None
+    ) -> tuple[Tensor, bool]:
         """``compute``, fused with error feedback's ``acc = residual + grad``: every rank's
         gradient added into row i of ``into`` [world, m] (the ranks' residuals) straight
         from the pass, without writing ``grads`` first (one pass over [world, m] fewer).

@@ -74,7 +74,9 @@ def test_one_pass_gives_each_rank_its_own_gradient_and_bn_statistics(dtype, tol)
     assert rel(batched.grads[0], batched.grads[1]) > 1e-3  # the ranks' gradients are their own
 
 
-def worker(compose, tmp_path, batched: bool, P: int = 4, extra: tuple = ()) -> SimulatedWorker:
+def worker(
+    compose, tmp_path, batched: bool, P: int = 4, extra: tuple = (), chunk: int = 3, name: str = ""
+) -> SimulatedWorker:
     cfg = compose(
         [
             "cluster=simulated",
@@ -88,11 +90,11 @@ def worker(compose, tmp_path, batched: bool, P: int = 4, extra: tuple = ()) -> S
             "density=0.01",
             f"nodes={P}",
             f"cluster.batched={str(batched).lower()}",
-            "cluster.chunk=3",
+            f"cluster.chunk={chunk}",
             *extra,
         ]
     )
-    run_dir = tmp_path / str(batched)
+    run_dir = tmp_path / (name or str(batched))
     run_dir.mkdir()
     return SimulatedWorker(P, cfg, run_dir, torch.device("cpu"))
 
@@ -144,6 +146,70 @@ def test_a_non_finite_gradient_in_one_rank_row_is_found_and_nothing_is_applied(c
     rows = w.step([vr.groups(0).__next__ for vr in w.ranks], lr=0.1)
     assert all(row["nonfinite_ranks"] == [2] for row in rows)
     assert all(torch.equal(p, q) for p, q in zip(w.model.parameters(), before))
+
+
+def test_accumulate_adds_each_rank_gradient_into_its_row_bit_for_bit():
+    """``accumulate`` (one chunk, one micro-batch) leaves ``into`` equal to ``into +
+    compute's gradients`` exactly, with the same losses and BN statistics; with a NaN in
+    one rank's gradient it leaves ``into`` as it was and writes ``grads`` as ``compute``."""
+    torch.manual_seed(0)
+    model = ResNet20(blocks_per_stage=1).train()
+    P = 4
+    batches = [[(torch.randn(3, 3, 8, 8), torch.randint(0, 10, (3,)))] for _ in range(P)]
+    ref, fused = BatchedGradients(copy.deepcopy(model), P, chunk=P), BatchedGradients(copy.deepcopy(model), P, chunk=P)
+    losses = ref.compute(batches)
+    residuals = torch.randn(P, ref.m)
+    into = residuals.clone()
+    got, done = fused.accumulate(batches, into)
+    assert done and torch.equal(got, losses)
+    assert torch.equal(into, residuals + ref.grads)
+    for i in range(P):
+        assert all(torch.equal(a, b) for a, b in zip(fused.rank_buffers(i), ref.rank_buffers(i)))
+    batches[2][0][0][0, 0, 0, 0] = float("nan")
+    into = residuals.clone()
+    _, done = fused.accumulate(batches, into)
+    assert not done and torch.equal(into, residuals)
+    assert not torch.isfinite(fused.grads[2]).all() and torch.isfinite(fused.grads[[0, 1, 3]]).all()
+
+
+@pytest.mark.parametrize("chunk,micro", [(3, 1), (4, 2)])
+def test_accumulate_leaves_into_alone_where_it_cannot_fuse(chunk, micro):
+    """Several chunks (a later chunk's NaN would come after earlier rows were added) or
+    several micro-batches: ``accumulate`` is ``compute``."""
+    torch.manual_seed(0)
+    model = ResNet20(blocks_per_stage=1).train()
+    batches = [[(torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))) for _ in range(micro)] for _ in range(4)]
+    ref, other = BatchedGradients(copy.deepcopy(model), 4, chunk), BatchedGradients(copy.deepcopy(model), 4, chunk)
+    losses = ref.compute(batches)
+    into = torch.zeros(4, ref.m)
+    got, done = other.accumulate(batches, into)
+    assert not done and torch.equal(got, losses) and torch.equal(other.grads, ref.grads)
+    assert not into.any()
+
+
+def test_steps_whose_gradients_go_straight_into_the_residuals_equal_the_unfused_ones(compose, tmp_path):
+    """Four steps at P = 4 in one chunk, gTop-k: fused (from the second step, when the
+    residuals are one matrix) and unfused give bit-identical weights, residuals, BN
+    statistics and losses."""
+    runs = []
+    for fuse in (True, False):
+        w = worker(compose, tmp_path, True, chunk=4, name=f"fuse{fuse}")
+        if not fuse:
+            w.fusable_residuals = lambda: None
+        streams = [vr.groups(0) for vr in w.ranks]
+        losses, fused = [], []
+        for _ in range(4):
+            rows = w.step([s.__next__ for s in streams], lr=0.1)
+            losses.append([row["loss"] for row in rows])
+            fused.append(w.accumulated)
+        runs.append((w, losses, fused))
+    (a, losses_a, fused_a), (b, losses_b, fused_b) = runs
+    assert fused_a == [False, True, True, True] and not any(fused_b)
+    assert losses_a == losses_b
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    for ra, rb in zip(a.ranks, b.ranks):
+        assert torch.equal(ra.reducer.feedback.residual, rb.reducer.feedback.residual)
+        assert all(torch.equal(x, y) for x, y in zip(ra.buffers, rb.buffers))
 
 
 def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
