@@ -1,21 +1,29 @@
-"""All P virtual ranks' gradients in one vectorised pass (``cluster.batched``).
+"""All P virtual ranks' gradients in one vectorised pass per chunk (``cluster.batched``).
 
 ``cluster=simulated`` computes the P ranks' gradients either one after another (the exact
-mode: bit-identical to ``cluster=local``) or, here, in one pass per chunk of ranks:
-``torch.func.vmap`` over ``grad_and_value`` of ``functional_call``. The parameters are the
-model's own tensors, shared by every rank (``in_dims=None``: not copied); each rank's
-batch, and each rank's BatchNorm running statistics, are one slice of a stacked,
-rank-major tensor (``in_dims=0``): a vmapped batch norm normalises each rank's batch by
-its own batch statistics and updates only the slice of the stacked buffers that belongs
-to that rank (``torch.func`` updates running statistics in place only where the buffer
-is batched). The output is one [P, m] matrix whose row i is rank i's flat gradient.
+mode: bit-identical to ``cluster=local``) or, here, in one pass per chunk of ranks, by one
+of two engines:
 
-What it computes is rank i's gradient on rank i's batch, as the exact mode does; only the
-floating-point evaluation differs (the convolutions run over all the chunk's images at
-once, per-rank weight gradients as grouped convolutions): float64 agrees to ~1e-15, float32
-to ~1e-6 in relative L2 (``tests/unit/test_batched.py``). A model that draws random
-numbers in its forward pass (dropout) cannot be batched this way without changing the
-ranks' RNG streams (``vmap(randomness="error")`` refuses it); ``has_randomness`` tells.
+* the one-pass engine (``gtopk.train.rankpass``), for models built from convolutions,
+  linear layers and batch norms (``rankpass.supports``: the project's four models but
+  AlexNet, which has dropout): the chunk's images interleaved into one ordinary forward
+  and backward pass, each rank's batch norm statistics as channels of one batch norm
+  call, each rank's weight gradients from hooks (grouped convolutions);
+* otherwise ``torch.func.vmap`` over ``grad_and_value`` of ``functional_call``: the
+  parameters are the model's own tensors, shared by every rank (``in_dims=None``: not
+  copied); each rank's batch and BatchNorm running statistics are one slice of a
+  stacked, rank-major tensor (``in_dims=0``): a vmapped batch norm normalises each rank's
+  batch by its own batch statistics and updates only that rank's slice of the stacked
+  buffers (``torch.func`` updates running statistics in place only where the buffer is
+  batched).
+
+Both share the stacked buffers and write one [P, m] matrix whose row i is rank i's flat
+gradient (or add it into rank i's error-feedback residual: ``accumulate``). What they
+compute is rank i's gradient on rank i's batch, as the exact mode does; only the
+floating-point evaluation differs: float64 agrees to ~1e-15, float32 to ~1e-6 in relative
+L2 (``tests/unit/test_batched.py``). A model that draws random numbers in its forward pass
+(dropout) cannot be batched without changing the ranks' RNG streams (``vmap(randomness=
+"error")`` refuses it); ``has_randomness`` tells. Evaluation runs through vmap.
 
 ``chunk`` ranks go through one pass (the rest in further passes), so memory grows with the
 chunk, not with P: a pass holds ``chunk`` x (per-rank batch) images' activations and
@@ -30,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+
+from gtopk.train.rankpass import RankPass, supports
 
 #: modules whose forward pass draws random numbers (the batched pass cannot keep the ranks' streams)
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -49,7 +59,7 @@ class BatchedGradients:
     in ``model.parameters()`` order, as ``gtopk.train.flatgrad`` lays them out).
     """
 
-    def __init__(self, model: nn.Module, world: int, chunk: int):
+    def __init__(self, model: nn.Module, world: int, chunk: int, fast: bool = True):
         if chunk < 1:
             raise ValueError(f"chunk={chunk} must be >= 1")
         self.model, self.world, self.chunk = model, world, chunk
@@ -62,6 +72,19 @@ class BatchedGradients:
         self.grads = torch.zeros(world, self.m, dtype=first.dtype, device=first.device)
         self._pass = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None, 0, 0, 0, None), randomness="error")
         self._eval = vmap(self._scores, in_dims=(None, 0, 0, 0), randomness="error")
+        #: the one-pass engine (``gtopk.train.rankpass``) where the model allows it, else vmap
+        self.fast = RankPass(model, self.buffers) if fast and supports(model) else None
+
+    def _grads(self, a: int, e: int, x: Tensor, y: Tensor, scale: float) -> tuple[list[Tensor], Tensor]:
+        """Ranks a..e-1's gradients on ``x`` [e - a, b, ...], ``y`` [e - a, b] (updating their
+        BN statistics): one [e - a, numel] tensor per parameter, in ``names`` order, and
+        their losses (float64, each times ``scale``)."""
+        if self.fast is not None:
+            grads, loss = self.fast.grads(x, y, slice(a, e), scale)
+        else:
+            bufs = {n: b[a:e] for n, b in self.buffers.items()}  # views: the pass updates them
+            grads, (_, loss) = self._pass(self.params, bufs, x, y, scale)
+        return [grads[n].reshape(e - a, -1) for n in self.names], loss.detach().to(torch.float64)
 
     def _loss(self, params: dict, buffers: dict, x: Tensor, y: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         """One rank's loss on its batch (with its own BN statistics), scaled; and its value."""
@@ -111,14 +134,12 @@ class BatchedGradients:
                 e = min(self.world, a + self.chunk)
                 x = torch.stack([batches[i][j][0] for i in range(a, e)])
                 y = torch.stack([batches[i][j][1] for i in range(a, e)])
-                bufs = {n: b[a:e] for n, b in self.buffers.items()}  # views: the pass updates them
-                grads, (_, loss) = self._pass(self.params, bufs, x, y, 1.0 / micro)
-                parts = [grads[n].reshape(e - a, -1) for n in self.names]
+                parts, loss = self._grads(a, e, x, y, 1.0 / micro)
                 if j == 0:
                     torch.cat(parts, dim=1, out=self.grads[a:e])  # straight into the ranks' rows
                 else:
                     self.grads[a:e].add_(torch.cat(parts, dim=1))
-                losses[a:e] += loss.detach().to(losses)
+                losses[a:e] += loss.to(losses)
                 if progress:
                     progress()
         return losses
@@ -137,9 +158,7 @@ class BatchedGradients:
             return self.compute(batches, progress), False
         x = torch.stack([b[0][0] for b in batches])
         y = torch.stack([b[0][1] for b in batches])
-        grads, (_, loss) = self._pass(self.params, self.buffers, x, y, 1.0)
-        parts = [grads[n].reshape(self.world, -1) for n in self.names]
-        losses = loss.detach().to(torch.float64)
+        parts, losses = self._grads(0, self.world, x, y, 1.0)
         if progress:
             progress()
         if not bool(torch.isfinite(torch.stack([p.sum(1) for p in parts]).sum(0)).all()):
@@ -153,9 +172,10 @@ class BatchedGradients:
 
 
 #: ``cluster.batched=auto`` batches when each rank's micro-batch holds at most this many
-#: images (and P > 1, and the model has no dropout); measured on the 2-core machine
-#: (docs/simulated.md): at 16 images per rank the gradient passes tie, at 8 the batched
-#: one is 2.4x faster, from 32 up one pass per rank costs no more
+#: images (and P > 1, and the model has no dropout); measured on the 2-core machine with
+#: the one-pass engine (docs/simulated.md): at 32 x 32 pixels the two modes tie at 16
+#: images per rank and the exact one is faster at 32; at 8 x 8 the batched one is faster
+#: up to 32 and ties at 64. The rule takes the smaller
 BATCHED_UP_TO = 16
 
 

@@ -49,17 +49,44 @@ def one_by_one(model: nn.Module, batches: list, start: list) -> tuple[list, list
     return grads, buffers, losses
 
 
+class Mixed(nn.Module):
+    """Every kind of layer the one-pass engine handles: convolutions with bias, groups,
+    stride and dilation, batch norms with a momentum and with a cumulative average, an
+    in-place ReLU right after a convolution, pooling, a linear layer with bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn_a = nn.BatchNorm2d(8)
+        self.b = nn.Conv2d(8, 8, 3, stride=2, padding=2, dilation=2, groups=2, bias=False)
+        self.bn_b = nn.BatchNorm2d(8, momentum=None)
+        self.c = nn.Conv2d(8, 6, 1)
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn_a(self.a(x)), inplace=True), 2)
+        x = F.relu(self.bn_b(self.b(x)))
+        x = F.relu(self.c(x), inplace=True)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["one-pass", "vmap"])
+@pytest.mark.parametrize("net", [ResNet20, Mixed], ids=["resnet20", "mixed"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_one_pass_gives_each_rank_its_own_gradient_and_bn_statistics(dtype, tol):
-    """P = 5 ranks in chunks of 2 (passes of 2, 2, 1), 3 images per rank, 2 micro-batches."""
+def test_one_pass_gives_each_rank_its_own_gradient_and_bn_statistics(dtype, tol, net, fast):
+    """P = 5 ranks in chunks of 2 (passes of 2, 2, 1), 3 images per rank, 2 micro-batches,
+    both engines (``gtopk.train.rankpass``'s one plain pass and vmap over grad)."""
     torch.manual_seed(0)
-    model = ResNet20(blocks_per_stage=1).to(dtype).train()
+    model = (ResNet20(blocks_per_stage=1) if net is ResNet20 else net()).to(dtype).train()
+    if net is Mixed and not fast:
+        model.bn_b.momentum = 0.3  # vmap cannot read a cumulative average's batch count (.item())
     start = [b.detach().clone() for b in model.buffers()]
     P, micro = 5, 2
     batches = [
         [(torch.randn(3, 3, 8, 8, dtype=dtype), torch.randint(0, 10, (3,))) for _ in range(micro)] for _ in range(P)
     ]
-    batched = BatchedGradients(copy.deepcopy(model), P, chunk=2)
+    batched = BatchedGradients(copy.deepcopy(model), P, chunk=2, fast=fast)
+    assert (batched.fast is not None) == fast
     losses = batched.compute(batches)
     want_grads, want_buffers, want_losses = one_by_one(model, batches, start)
     for i in range(P):
@@ -210,6 +237,24 @@ def test_steps_whose_gradients_go_straight_into_the_residuals_equal_the_unfused_
     for ra, rb in zip(a.ranks, b.ranks):
         assert torch.equal(ra.reducer.feedback.residual, rb.reducer.feedback.residual)
         assert all(torch.equal(x, y) for x, y in zip(ra.buffers, rb.buffers))
+
+
+def test_the_one_pass_engine_takes_only_models_whose_layers_it_knows():
+    """Layers that hold state it does not handle (a LayerNorm, a convolution padded 'same'
+    or reflecting, a batch norm without running statistics) leave the model to vmap."""
+    from torchvision.models import resnet50
+
+    from gtopk.train.rankpass import supports
+
+    assert supports(ResNet20()) and supports(Mixed()) and supports(resnet50(weights=None))
+    for bad in (
+        nn.Sequential(nn.Conv2d(3, 4, 3), nn.LayerNorm([4, 6, 6])),
+        nn.Conv2d(3, 4, 3, padding="same"),
+        nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"),
+        nn.BatchNorm2d(4, track_running_stats=False),
+    ):
+        assert not supports(bad)
+        assert BatchedGradients(bad, 2, chunk=2).fast is None
 
 
 def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
