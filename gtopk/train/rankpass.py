@@ -55,6 +55,22 @@ def supports(model: nn.Module) -> bool:
     return True
 
 
+def _once(forward, name: str, called: set):
+    """``forward``, refusing a second call in the same pass (a layer used twice would need
+    its per-rank gradients summed over the uses; this engine assumes one)."""
+
+    def once(x: Tensor) -> Tensor:
+        if name in called:
+            raise RuntimeError(
+                f"layer {name!r} ran twice in one forward pass, which cluster.batched's one-pass "
+                "engine does not handle; set cluster.batched=false"
+            )
+        called.add(name)
+        return forward(x)
+
+    return once
+
+
 class RankPass:
     """One pass of R ranks (``grads``): ``model``'s parameters shared, ``buffers`` the
     model's buffers stacked rank-major ([P, ...], P >= R: a pass takes rows a..a+R-1)."""
@@ -84,18 +100,19 @@ class RankPass:
     def _patched(self, R: int, rows: slice, parts: dict, leaves: dict) -> Iterator[None]:
         """The model's layers' ``forward`` replaced by their per-rank versions (instance
         attributes over the class's method), restored on the way out."""
-        patched = []
+        patched, called = [], set()
         try:
             for name, mod in self.model.named_modules():
                 prefix = f"{name}." if name else ""
                 if type(mod) is nn.Conv2d:
-                    mod.forward = self._conv(mod, prefix, R, parts)
+                    forward = self._conv(mod, prefix, R, parts)
                 elif type(mod) is nn.Linear:
-                    mod.forward = self._linear(mod, prefix, R, parts)
+                    forward = self._linear(mod, prefix, R, parts)
                 elif type(mod) is nn.BatchNorm2d:
-                    mod.forward = self._batch_norm(mod, prefix, R, rows, leaves)
+                    forward = self._batch_norm(mod, prefix, R, rows, leaves)
                 else:
                     continue
+                mod.forward = _once(forward, name, called)
                 patched.append(mod)
             yield
         finally:

@@ -257,6 +257,28 @@ def test_the_one_pass_engine_takes_only_models_whose_layers_it_knows():
         assert BatchedGradients(bad, 2, chunk=2).fast is None
 
 
+def test_the_one_pass_engine_refuses_a_layer_used_twice_and_restores_the_model():
+    """A layer called twice in one forward pass would need its per-rank gradients summed
+    over the uses: a one-line error naming the way out; the model's layers keep their own
+    ``forward`` afterwards."""
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+            self.fc = nn.Linear(3, 10)
+
+        def forward(self, x):
+            return self.fc(self.conv(self.conv(x)).mean((2, 3)))
+
+    model = Twice()
+    batched = BatchedGradients(model, 2, chunk=2)
+    assert batched.fast is not None
+    with pytest.raises(RuntimeError, match="cluster.batched=false"):
+        batched.compute([[(torch.randn(2, 3, 4, 4), torch.randint(0, 10, (2,)))] for _ in range(2)])
+    assert "forward" not in vars(model.conv) and "forward" not in vars(model.fc)
+
+
 def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
     net = ResNet20(blocks_per_stage=1)
     assert use_batched("auto", 32, 4, net) and use_batched("auto", 16, 8, net)
