@@ -175,7 +175,8 @@ class BatchedGradients:
 #: images (and P > 1, and the model has no dropout); measured on the 2-core machine with
 #: the one-pass engine (docs/simulated.md): at 32 x 32 pixels the two modes tie at 16
 #: images per rank and the exact one is faster at 32; at 8 x 8 the batched one is faster
-#: up to 32 and ties at 64. The rule takes the smaller
+#: up to 32 and ties at 64. The bound is 32 x 32's, at every image size (at 8 x 8 it leaves
+#: 32 images per rank to the exact mode, bit-identical to ``cluster=local``, though slower)
 BATCHED_UP_TO = 16
 
 
