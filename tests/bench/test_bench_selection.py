@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from gtopk.reducers.selection import topk_indices
+from gtopk.reducers.selection import topk_indices, topk_rows
 from gtopk.reducers.sparse import merge
 from tests.bench.results import SELECTION, median_of
 from tests.bench.selection_bench import DENSITY, SIZES, make_input, make_sparse_pair
@@ -79,3 +79,29 @@ def test_merge(benchmark, model, threads):
     median = median_of(benchmark)
     if median is not None:
         SELECTION[("merge", model, threads)] = median
+
+
+ROWS = {
+    "topk_rows": lambda x, k: topk_rows(x, k),
+    "row_by_row": lambda x, k: [topk_indices(row, k) for row in x],
+}
+
+
+@pytest.mark.parametrize("kind", list(ROWS))
+@pytest.mark.parametrize("threads", THREADS, indirect=True)
+def test_selection_of_p_rows(benchmark, threads, kind):
+    """``cluster=simulated``'s selection: P = 32 ranks' accumulated vectors of ResNet-20's m
+    as one matrix, all rows at once (``topk_rows``) against ``topk_indices`` row by row."""
+    m, P = SIZES["resnet20"], 32
+    x = torch.stack([make_input(m, seed=i) for i in range(P)])
+    k = int(DENSITY * m)
+    benchmark.group = f"selection of P = {P} rows, resnet20 m={m:,} threads={threads}"
+    benchmark.extra_info.update(m=m, k=k, P=P, threads=threads, kind=kind)
+    got = benchmark.pedantic(ROWS[kind], args=(x, k), rounds=21, warmup_rounds=1)
+    assert len(got) == P and all(len(row) == k for row in got)  # a selection that does its job
+    median = median_of(benchmark)
+    if median is not None:
+        SELECTION[(kind, "resnet20 x 32", threads)] = median
+        together = SELECTION.get(("topk_rows", "resnet20 x 32", threads))
+        if together and kind == "row_by_row":
+            benchmark.extra_info["topk_rows_over_row_by_row"] = together / median
