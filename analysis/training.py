@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gtopk.records.regime import accuracy_trend, coverage
-from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
+from gtopk.records.rundir import SIMULATED_BACKEND, RunDir, read_jsonl, run_dirs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 #: reducers whose update is the exact average of the gradients (dense S-SGD): their final
@@ -90,17 +90,13 @@ def iterations_by_epoch(rows: Iterable[dict]) -> dict[int, int]:
     return out
 
 
-#: ``summary.json``'s backend of a ``cluster=simulated`` run (``gtopk.train.simulated.BACKEND``)
-SIMULATED_BACKEND = "in-process"
-
-
 def own_overheads(d: RunDir, summary: dict | None = None) -> dict:
     """Medians of t_data, t_compr and the rest of the step over every rank's post-warm-up
     rows at the run's final density (the density warm-up epochs select more entries). The
     rest is t_iter less the named parts, except in a simulated run (``cluster=simulated``),
-    whose t_iter is the step of all P ranks, one after another: there it is the rows'
-    ``t_update``, the step's aggregation and SGD step (t_iter less one rank's parts would
-    count the other P - 1 ranks' gradients as overhead). ``summary``: the run's, when the
+    whose t_iter is the step of all P ranks: there it is the rows' ``t_update``, the step's
+    aggregation and SGD step (t_iter less one rank's parts would count the other P - 1
+    ranks' gradients as overhead). ``summary``: the run's, when the
     caller has read it."""
     rows = [r for p in d.all_iters() for r in read_jsonl(p) if not r.get("warmup") and "t_iter" in r]
     if not rows:

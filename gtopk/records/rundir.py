@@ -209,6 +209,11 @@ def git_commit() -> str | None:
         return None
 
 
+#: ``summary.json``'s ``backend`` of a ``cluster=simulated`` run (no torch.distributed backend: its P
+#: ranks are one process; ``gtopk.train.simulated`` writes it, ``analysis.training`` reads it)
+SIMULATED_BACKEND = "in-process"
+
+
 def environment(device: str, backend: str) -> dict:
     import hydra
     import torchvision

@@ -180,13 +180,13 @@ def topk_rows(x: Tensor, k: int) -> Tensor:
     if P == 1 or m < _EXACT_BELOW or 4 * k > m // _ROWS:
         return torch.stack([topk_indices(x[i], k) for i in range(P)])
     x = x.contiguous()
-    key, row, _, counts = _candidates(x, k)
-    full = (counts >= k).tolist()  # a row whose cut is 0 (or NaN) has none
+    key, row, counts = _candidates(x, k)
+    full = counts >= k  # a row whose cut is 0 (or NaN) has none
     out = torch.empty(P, k, dtype=torch.long, device=x.device)
-    for i in (i for i, ok in enumerate(full) if not ok):
+    for i in (~full).nonzero().squeeze(1).tolist():
         out[i] = topk_indices(x[i], k)
-    if any(full):
-        out[torch.tensor(full, device=x.device)] = _exact_rows(x, key, row, counts, full, k)
+    if bool(full.any()):
+        out[full] = _exact_rows(x, key, row, counts, full, k)
     return out
 
 
@@ -198,11 +198,10 @@ _COL_STRIDE = 8
 _BLOCK = 1 << 24
 
 
-def _candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """``topk_rows``' candidates in the contiguous ``x`` [P, m]: every entry with
     ``|x[i, j]| >= t[i]`` (``t[i]``: row i's ``_cut``, +inf where it is 0): its flat index
-    ``i * m + j``, row and column, three int64 tensors in ascending order, and each
-    row's count ([P])."""
+    ``i * m + j`` and row, two int64 tensors in ascending order, and each row's count ([P])."""
     P, m = x.shape
     W = m // _ROWS
     flat = x.view(-1)
@@ -221,7 +220,7 @@ def _candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         keys.append(first[~cols] + (_ROWS - 1) * W)  # tail columns: their maximum is the entry
     key = torch.cat(keys).sort().values
     row = torch.div(key, m, rounding_mode="floor")
-    return key, row, key - row * m, torch.bincount(row, minlength=P)
+    return key, row, torch.bincount(row, minlength=P)
 
 
 def _cut(colmax: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -250,10 +249,10 @@ def _cut(colmax: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     return t, r, c
 
 
-def _exact_rows(x: Tensor, key: Tensor, row: Tensor, counts: Tensor, full: list[bool], k: int) -> Tensor:
+def _exact_rows(x: Tensor, key: Tensor, row: Tensor, counts: Tensor, full: Tensor, k: int) -> Tensor:
     """The k largest ``|x[i]|`` among row i's candidates (flat indices ``key`` of the
     contiguous ``x``, ascending, their rows ``row``; ``counts[i]`` in row i, at least k
-    where ``full[i]``), ties to the smaller index, for every row with ``full[i]``:
+    where the bool ``full[i]``), ties to the smaller index, for every row with ``full[i]``:
     [sum(full), k] column indices, ascending."""
     P, m = x.shape
     n = int(counts.max())
@@ -262,8 +261,7 @@ def _exact_rows(x: Tensor, key: Tensor, row: Tensor, counts: Tensor, full: list[
     mag = torch.full((P, n), -1.0, dtype=x.dtype, device=x.device)  # padding: below every |x|
     idx[row, pos] = key - row * m
     mag[row, pos] = x.view(-1).take(key).abs()
-    keep_rows = torch.tensor(full, device=x.device)
-    idx, mag = idx[keep_rows], mag[keep_rows]
+    idx, mag = idx[full], mag[full]
     kth = torch.topk(mag, k, dim=1, sorted=False).values.amin(1, keepdim=True)
     above = mag > kth
     ties = mag == kth

@@ -37,7 +37,15 @@ from omegaconf import DictConfig, OmegaConf
 from gtopk.host import heartbeat
 from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
-from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
+from gtopk.records.rundir import (
+    SIMULATED_BACKEND,
+    JsonLines,
+    RunDir,
+    environment,
+    read_jsonl,
+    summarize,
+    write_json_atomic,
+)
 from gtopk.train.faults import NonFiniteGradient
 from gtopk.train.loop import _record, pick_device
 from gtopk.train.memory import reset_peak_rss
@@ -45,7 +53,7 @@ from gtopk.train.recipe import DensitySchedule, LRSchedule
 from gtopk.train.state import weights_sha256
 from gtopk.train.virtual import SimulatedWorker
 
-BACKEND = "in-process"  # what records say instead of a torch.distributed backend
+BACKEND = SIMULATED_BACKEND  # what records say instead of a torch.distributed backend
 
 
 def run_simulated(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict:

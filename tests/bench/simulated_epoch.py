@@ -3,14 +3,18 @@
 ``python -m tests.bench.simulated_epoch`` trains ResNet-20 on the digits at 8 x 8 pixels
 (``experiment=fig5_quick``'s setup: gTop-k at rho = 0.001, two intra-op threads) at a
 global batch of 128 (128 / P images per rank; one image per rank where P > 128, so the
-global batch is P there) for ``--epochs`` epochs per (P, mode), each (P, mode) in a fresh
-process, and prints per row: the median epoch time (the epoch's training steps and its
+global batch is P there) for ``--epochs`` epochs per P, in ``--mode`` batched, exact or
+auto (each P in ``cluster.batched``'s default mode), each P in a fresh process or, with
+``--together``, all in one process with their epochs interleaved (every row then sees the
+same machine; the ratio to the first P is printed), and prints per row: the median epoch
+time (the epoch's training steps and its
 evaluation, no records or checkpoints; the first epoch, which warms up, is left out), its
 parts (steps and evaluation), the steps per epoch, the process's peak RSS and the 1-minute
 load average before and after. ``--no-eval`` times the steps only (P = 1,024: 360 test
 images over 1,024 ranks would be 1,024 one-image passes). ``--image-size 32`` rescales the
 digits to ``experiment=fig5_full``'s 32 x 32.
 
+    python -m tests.bench.simulated_epoch --nodes 4 32 --mode auto --epochs 8 --together
     python -m tests.bench.simulated_epoch --nodes 1 4 16 32 256 --mode batched
     python -m tests.bench.simulated_epoch --nodes 4 32 --mode batched --image-size 32
     python -m tests.bench.simulated_epoch --nodes 4 32 --mode exact
