@@ -3,13 +3,16 @@ a sweep submitted through ``hydra/launcher=submitit_slurm`` (one SLURM job per H
 results in the usual run directories, failed jobs listed, finished jobs skipped on a
 re-run), and ``gtopk/run/slurm/torchrun.sbatch`` (srun + torchrun) on one node. Skips with
 the reason when SLURM is not installed and cannot be (not root, no apt: ``up`` exits 3); any
-other failure to bring it up fails."""
+other failure to bring it up fails. The cluster's guards (private state folder, 0600
+secrets, the database's password, ``down`` only on a marked folder) are unit tested in
+``tests/unit/test_slurm_local.py``; here they are checked on the real daemons."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -21,6 +24,7 @@ import pytest
 from gtopk.records.rundir import read_jsonl
 from gtopk.run.slurm import TORCHRUN_SBATCH
 from gtopk.run.slurm.local import alive, client_env
+from gtopk.run.slurm.localconf import MARKER, tool
 from tests.procs import FAST, run
 
 #: slow: bringing SLURM up may first apt-get install its daemons (minutes on a fresh CI machine)
@@ -36,8 +40,8 @@ def local(action: str, state: Path) -> subprocess.CompletedProcess:
 
 
 def up(state: Path) -> None:
-    """Bring a cluster up in ``state`` (a short path whose parents everyone may search, as
-    munged wants: not pytest's private tmp); skip if SLURM cannot be installed here."""
+    """Bring a cluster up in ``state`` (a short path: sockets live there, so not pytest's
+    deep tmp); skip if SLURM cannot be installed here."""
     done = local("up", state)
     if done.returncode == 3:
         pytest.skip(f"SLURM cannot start here: {done.stderr.strip()}")
@@ -81,6 +85,15 @@ def test_local_cluster_comes_up_idle_and_goes_down(tmp_path):
         assert local("status", state).returncode == 0
         sinfo = subprocess.run(["sinfo", "-h", "-o", "%P %T %c"], env=client_env(state), capture_output=True, text=True)
         assert sinfo.stdout.split() == ["local*", "idle", str(os.cpu_count())]  # this host's real CPUs
+        assert stat.S_IMODE(os.stat(state).st_mode) == 0o700  # only its owner reaches the sockets inside
+        for secret in ("munge/munge.key", "slurmdbd.conf", "mariadb.pass", MARKER):
+            assert stat.S_IMODE(os.stat(state / secret).st_mode) == 0o600, secret
+        dbd = dict(ln.split("=", 1) for ln in (state / "slurmdbd.conf").read_text().splitlines() if "=" in ln)
+        assert dbd["StoragePass"] == (state / "mariadb.pass").read_text().strip() != ""
+        if tool("mariadb"):  # root has no password to give over TCP: only the unix socket, as this user
+            port = ["-h127.0.0.1", f"-P{dbd['StoragePort']}"]
+            root = subprocess.run(["mariadb", "--no-defaults", *port, "-uroot", "-e", "select 1"], capture_output=True)
+            assert root.returncode != 0
     finally:
         assert local("down", state).returncode == 0
     assert not state.exists()

@@ -10,6 +10,11 @@ submitit reads to learn how a job ended), ``slurmctld`` and ``slurmd``; it retur
 ``sinfo`` shows the node idle. Nothing outside the state directory is touched: the clients
 find the cluster through ``SLURM_CONF`` (``eval "$(python -m gtopk.run.slurm.local env)"``).
 ``down`` cancels the jobs, stops the daemons by their ids and removes the state directory.
+
+The state directory is private (mode 0700, this uid's; see :mod:`.localconf`), so only its
+owner reaches munged's and MariaDB's sockets; secrets are created mode 0600; the database
+has a random password and listens on 127.0.0.1 only; ``down`` (and ``status``) act only on a
+folder holding the marker ``up`` wrote, and refuse any other in one line (exit 2).
 """
 
 from __future__ import annotations
@@ -24,29 +29,41 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gtopk.run.slurm.localconf import (
     CLUSTER,
+    MARKER,
     PARTITION,
     NotInstalled,
     SlurmUnavailable,
+    UnsafeState,
+    check_marker,
+    check_private,
     client_env,
+    db_commands,
+    db_env,
     ensure_installed,
     free_port,
     listening,
+    private_folder,
     tool,
     user,
     write_conf,
+    write_db_secrets,
     write_dbd_conf,
+    write_marker,
+    write_secret,
 )
 
-__all__ = ["alive", "client_env", "down", "status", "up"]
+__all__ = ["UnsafeState", "alive", "client_env", "down", "status", "up"]
 
 UP_TIMEOUT_S = 120.0
 
 
 def default_state() -> Path:
+    """``$GTOPK_SLURM_STATE``, else ``/tmp/gtopk-slurm-<uid>`` (used only if private to this uid)."""
     return Path(os.environ.get("GTOPK_SLURM_STATE", f"/tmp/gtopk-slurm-{os.getuid()}"))
 
 
@@ -87,52 +104,57 @@ def daemons(state: Path) -> dict[str, int]:
         return {}
 
 
+def made_by_up(state: Path) -> bool:
+    """Whether ``state`` holds the marker ``up`` wrote (checked); False when it is absent, or
+    private and empty (``up`` may use it); :class:`UnsafeState` for any other folder."""
+    if not os.path.lexists(state):
+        return False
+    check_private(state)
+    if os.path.lexists(state / MARKER):
+        check_marker(state)
+        return True
+    if any(state.iterdir()):
+        raise UnsafeState(f"--state={state} holds files but no {MARKER}, so `up` did not make it; pick a new path")
+    return False
+
+
 def up(state: Path) -> None:
     """Bring the cluster up (idempotent); return once sinfo shows the node idle."""
+    made = made_by_up(state)
     ensure_installed()
-    pids = daemons(state)
+    pids = daemons(state) if made else {}
     if pids and all(alive(p) for p in pids.values()) and node_state(state):
         print(f"SLURM is already up: {state / 'slurm.conf'}")
         return
-    if pids:
-        down(state)
+    if made:
+        down(state)  # a stale cluster (or an interrupted `up`): start afresh
+    private_folder(state)
+    write_marker(state)
     for sub in ("munge", "db", "ctld", "spool", "log"):
-        (state / sub).mkdir(parents=True, exist_ok=True)
-    state.chmod(0o755)
-    (state / "munge").chmod(0o755)  # munged: clients must reach its socket
-    key, m, db, log = state / "munge" / "munge.key", state / "munge", state / "db", state / "log"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o600)
+        (state / sub).mkdir(mode=0o700, exist_ok=True)
+    key, m, log = state / "munge" / "munge.key", state / "munge", state / "log"
+    write_secret(key, os.urandom(1024))
     db_port, dbd_port = free_port(), free_port()
     conf = write_conf(state, dbd_port)
-    write_dbd_conf(state, db_port, dbd_port)
+    write_dbd_conf(state, db_port, dbd_port, write_db_secrets(state))
+    install_db, mariadbd = db_commands(state, db_port)
     env, node, pids = client_env(state), socket.gethostname().split(".")[0], {}
 
-    def start(name: str, cmd: list[str], ready, what: str) -> None:
+    def start(name: str, cmd: list[str], ready: Callable[[], bool], what: str, env: dict[str, str] = env) -> None:
         pids[name] = _start([tool(cmd[0]) or cmd[0], *cmd[1:]], log / f"{name}.out", env)
         (state / "pids.json").write_text(json.dumps(pids))
         _wait(ready, pids, state, what)
 
-    start(
+    start(  # --force: munged wants its socket's folder open to all; ours is private to this user
         "munged",
-        ["munged", "--foreground", f"--socket={m}/munge.socket", f"--key-file={key}", f"--pid-file={m}/munged.pid"]
-        + [f"--log-file={log}/munged.log", f"--seed-file={m}/munged.seed"],
+        ["munged", "--foreground", "--force", f"--socket={m}/munge.socket", f"--key-file={key}"]
+        + [f"--pid-file={m}/munged.pid", f"--log-file={log}/munged.log", f"--seed-file={m}/munged.seed"],
         lambda: (m / "munge.socket").exists(),
         "munged's socket",
     )
-    _run(
-        ["mariadb-install-db", "--no-defaults", f"--datadir={db}", f"--user={user()}", "--skip-test-db"]
-        + ["--auth-root-authentication-method=normal"],
-        state,
-        env,
-    )
-    start(
-        "mariadbd",
-        ["mariadbd", "--no-defaults", f"--datadir={db}", f"--socket={db}/mariadb.sock", f"--port={db_port}"]
-        + ["--bind-address=127.0.0.1", "--skip-name-resolve", f"--user={user()}", f"--log-error={log}/mariadb.log"],
-        lambda: listening(db_port),
-        "the accounting database",
-    )
+    _run(install_db, state, db_env(state))
+    (state / "mariadb-init.sql").unlink()  # the account exists; its password stays in mariadb.pass
+    start("mariadbd", mariadbd, lambda: listening(db_port), "the accounting database", db_env(state))
     start("slurmdbd", ["slurmdbd", "-D"], lambda: listening(dbd_port), "slurmdbd")
     _run(["sacctmgr", "-i", "add", "cluster", CLUSTER], state, env)
     start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)], lambda: True, "slurmctld")
@@ -150,7 +172,7 @@ def _run(cmd: list[str], state: Path, env: dict[str, str]) -> None:
         raise SlurmUnavailable(f"`{' '.join(cmd)}` failed: {tail[-500:]}")
 
 
-def _wait(ready, pids: dict[str, int], state: Path, what: str) -> None:
+def _wait(ready: Callable[[], bool], pids: dict[str, int], state: Path, what: str) -> None:
     """Poll ``ready()`` until true; raise if a daemon died or UP_TIMEOUT_S passed."""
     deadline = time.monotonic() + UP_TIMEOUT_S
     while not ready():
@@ -164,8 +186,13 @@ def _wait(ready, pids: dict[str, int], state: Path, what: str) -> None:
         time.sleep(0.2)
 
 
-def down(state: Path) -> None:
-    """Cancel every job, stop the daemons (by their recorded ids), remove ``state``."""
+def down(state: Path) -> bool:
+    """Cancel every job, stop the daemons (by their recorded ids), remove ``state``; False when
+    there is no ``state``. A folder without the marker ``up`` wrote (this uid's) is left
+    untouched, its pids unread: :class:`UnsafeState`."""
+    if not os.path.lexists(state):
+        return False
+    check_marker(state)
     pids = daemons(state)
     if pids.get("slurmctld") and alive(pids["slurmctld"]):
         env = client_env(state)
@@ -185,12 +212,15 @@ def down(state: Path) -> None:
                 time.sleep(0.1)
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    if (state / "slurm.conf").exists() or (state / "pids.json").exists():
-        shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(state)
+    return True
 
 
 def status(state: Path) -> bool:
-    """Print the daemons' and the node's state; True when the cluster is up."""
+    """Print the daemons' and the node's state; True when the cluster is up. Reads only a
+    folder ``up`` made (:class:`UnsafeState` otherwise: its slurm.conf would steer sinfo)."""
+    if os.path.lexists(state):
+        check_marker(state)
     pids = daemons(state)
     running = {name: alive(pid) for name, pid in pids.items()}
     node = node_state(state) if pids else None
@@ -209,24 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "env":
         print(f"export SLURM_CONF={state / 'slurm.conf'}")
         return 0
-    if args.action == "status":
-        return 0 if status(state) else 1
-    if args.action == "down":
-        down(state)
-        print(f"SLURM down ({state} removed)")
-        return 0
-    if not re.fullmatch(r"[\w./-]+", str(state)) or len(str(state)) > 80:
-        print(f"error: --state={state}: use a short path without spaces (a socket lives there)", file=sys.stderr)
-        return 2
-    closed = next((d for d in [*reversed(state.parents)] if d.exists() and not os.stat(d).st_mode & 0o001), None)
-    if closed is not None:
-        print(
-            f"error: --state={state}: {closed} is not searchable by others, as munged needs; pick another",
-            file=sys.stderr,
-        )
+    if args.action == "up" and (not re.fullmatch(r"[\w./-]+", str(state)) or len(str(state)) > 80):
+        print(f"error: --state={state}: use a short path without spaces (sockets live there)", file=sys.stderr)
         return 2
     try:
+        if args.action == "status":
+            return 0 if status(state) else 1
+        if args.action == "down":
+            print(f"SLURM down ({state} removed)" if down(state) else f"SLURM down (no {state})")
+            return 0
         up(state)
+    except UnsafeState as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except SlurmUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3 if isinstance(e, NotInstalled) else 1
