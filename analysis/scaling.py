@@ -16,17 +16,20 @@ flattening, the non-finite check; see ``rest_of_iteration``) taken from its job 
 (default P = 1: the worker alone on the machine, the nearest this box gets to one worker
 per machine; at larger P on a small machine the workers' CPU-side work shares the cores
 and is inflated). Overlapping reducers (DDP) take max(t_compute, t_commu)
-(``gtopk.perf.model.predict_iter``).
+(``gtopk.perf.model.predict_iter``). A line whose model or reducer class read from the
+records is not one of ``conf/`` is left out with a one-line warning: nothing named by
+records is loaded or imported unless ``conf/`` has it (``gtopk.perf.model.check_model``).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
 from gtopk import paper
-from gtopk.perf.model import LOCAL_TIMES, NetworkProfile, model_shapes, predict_iter
+from gtopk.perf.model import LOCAL_TIMES, NetworkProfile, UnknownConfig, check_reducer, model_shapes, predict_iter
 
 SETUP = ["name", "cluster", "compute", "model", "batch_per_worker", "grad_accum_steps", "density"]
 V = "images_per_s_per_worker"
@@ -113,14 +116,20 @@ def modelled(
     extend_to: Iterable[int] = (16, 32),
 ) -> pd.DataFrame:
     """e(P) predicted by the calibrated model at ``nodes`` (default: every measured P and
-    ``extend_to``), one line per (setup, reducer)."""
+    ``extend_to``), one line per (setup, reducer); a line whose model or reducer ``conf/``
+    does not have is left out, with a warning."""
     if nodes is None:
         nodes = sorted(set(int(p) for p in jobs["nodes"]) | set(extend_to))
     v1 = baseline_v1(jobs, baseline)
     rows = []
     for _, lt in local_times(jobs, local_from).iterrows():
-        for P in nodes:
+        try:  # names from the records: only those conf/ has are loaded or imported
+            check_reducer(lt["reducer_cfg"])
             shapes = model_shapes(lt["model"])  # PowerSGD's model needs the layers
+        except UnknownConfig as e:
+            print(f"warning: no modelled line of experiment {lt['name']!r}: {e}", file=sys.stderr)
+            continue
+        for P in nodes:
             pred = predict_iter(lt["reducer_cfg"], int(P), lt["params"], net.network, lt, lt["images_per_iter"], shapes)
             rows.append(
                 {
@@ -133,7 +142,8 @@ def modelled(
                     **{k: lt[k] for k in LOCAL_TIMES},
                 }
             )
-    out = pd.DataFrame(rows).merge(v1, on=SETUP, how="inner")
+    columns = SETUP + ["reducer", "nodes", "v", "t_commu", "t_iter", "local_from_nodes", *LOCAL_TIMES]
+    out = pd.DataFrame(rows, columns=columns).merge(v1, on=SETUP, how="inner")
     out["efficiency"] = out["v"] / out["v1"]
     out["kind"] = "modelled"
     out["network"] = net.name

@@ -12,18 +12,24 @@ figure shows the prediction only. Writes commmodel.{png,pdf,csv} into
 
 from __future__ import annotations
 
+import sys
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from analysis.common import MARKERS, jobs_or_exit, model_rank, ordered, out_dir, palette, panels, parser, save
-from gtopk.perf.model import NetworkProfile, compare
+from gtopk.perf.model import NetworkProfile, UnknownConfig, compare
 
 
 def comparisons(jobs: pd.DataFrame, net: NetworkProfile) -> pd.DataFrame:
     """One row per job with P > 1: measured and predicted t_commu and t_iter."""
     rows = []
     for _, job in jobs[jobs["nodes"] > 1].iterrows():
-        row = compare(job.to_dict(), {"reducer": job["reducer_cfg"]}, net.network)
+        try:
+            row = compare(job.to_dict(), {"reducer": job["reducer_cfg"]}, net.network)
+        except UnknownConfig as e:  # a record naming no config of ours: left out, never loaded
+            print(f"warning: skipping {job['run_dir']}: {e}", file=sys.stderr)
+            continue
         row.update(name=job["name"], run_dir=job["run_dir"], network=net.name)
         rows.append(row)
     return pd.DataFrame(rows)

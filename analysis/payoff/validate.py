@@ -20,11 +20,10 @@ import statistics
 from pathlib import Path
 
 import pandas as pd
-from hydra.utils import get_class
 
 from analysis.payoff.itertime import IterTimes, Net, Reducer, compute_profile, ran_on
 from analysis.training import reducer_label
-from gtopk.perf.model import NetworkProfile
+from gtopk.perf.model import NetworkProfile, reducer_class
 from gtopk.records.rundir import finished
 
 KEYS = ["bandwidth", "model", "nodes", "reducer"]
@@ -78,7 +77,7 @@ def validation_rows(root: str | Path, profiles: list[NetworkProfile], compute_ar
         pred, where = times.modelled(s["model"], int(s["params"]), reducer, P, batch, accum, net, compute)
         if pred is None:
             continue
-        overlaps = bool(getattr(get_class(reducer.cfg["_target_"]), "overlaps_backward", False))
+        overlaps = bool(getattr(reducer_class(reducer.cfg), "overlaps_backward", False))
         rows.append(
             {
                 "bandwidth": net.cluster.get("bandwidth", net.name),

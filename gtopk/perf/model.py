@@ -10,6 +10,12 @@ are modelled as ``max(t_compute, t_commu)``.
 
 ``python -m gtopk.perf.model --network PROFILE RUN_DIR...`` prints prediction against
 measurement for every finished job under the given directories.
+
+Names and classes read from records (a run folder's summary.json and config.yaml, or wandb)
+are data, never code: a model name must be one of ``conf/model/*.yaml`` (``known_models``)
+and a reducer's ``_target_`` one of those in ``conf/reducer/*.yaml`` (``known_reducers``)
+before a config is loaded, a module imported or anything instantiated; others raise
+``UnknownConfig`` (one line), and the folder analyses skip that job with a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import functools
 import json
 import math
 import statistics
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +36,54 @@ from gtopk.records.rundir import finished, write_json_atomic
 from gtopk.reducers.costmodel import Network
 
 LOCAL_TIMES = ("t_data", "t_compute", "t_compr", "t_update")
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+class UnknownConfig(ValueError):
+    """A model name or reducer class read from records that the configs in ``conf/`` do not
+    name; nothing of it was loaded, imported or instantiated. The message is one line."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.cache
+def known_models() -> tuple[str, ...]:
+    """The model names there are configs for: the stems of ``conf/model/*.yaml``."""
+    return tuple(sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+
+
+@functools.cache
+def known_reducers() -> frozenset[str]:
+    """The reducer classes the configs name: every ``_target_`` of ``conf/reducer/*.yaml``
+    (read as YAML; nothing imported)."""
+    from omegaconf import OmegaConf
+
+    return frozenset(str(OmegaConf.load(p).get("_target_")) for p in (CONF / "reducer").glob("*.yaml"))
+
+
+def check_model(name: object) -> str:
+    """``name`` when it is a model of ``known_models`` (a bare stem: no path separator, no
+    ``..``); UnknownConfig otherwise."""
+    if not isinstance(name, str) or "/" in name or "\\" in name or ".." in name or name not in known_models():
+        raise UnknownConfig(
+            f"model={_shown(name)} is not one of conf/model/*.yaml ({', '.join(known_models())}); only those are loaded"
+        )
+    return name
+
+
+def check_reducer(reducer_cfg: Mapping) -> str:
+    """The ``_target_`` of ``reducer_cfg`` when ``known_reducers`` has it; UnknownConfig
+    (before anything is imported) otherwise."""
+    target = reducer_cfg.get("_target_") if isinstance(reducer_cfg, Mapping) else None
+    if not isinstance(target, str) or target not in known_reducers():
+        raise UnknownConfig(
+            f"reducer._target_={_shown(target)} is not a reducer of conf/reducer/*.yaml "
+            f"({', '.join(sorted(known_reducers()))}); only those are imported"
+        )
+    return target
 
 
 @dataclass
@@ -105,15 +160,16 @@ def fit_alpha_beta(
     return statistics.median(t - beta * n for n, t in tiny), beta
 
 
-def _reducer_class(reducer_cfg: Mapping):
-    return get_class(reducer_cfg["_target_"])
+def reducer_class(reducer_cfg: Mapping) -> type:
+    """The reducer class of a config, imported only when ``conf/reducer`` names it."""
+    return get_class(check_reducer(reducer_cfg))
 
 
 def predict_commu(reducer_cfg: Mapping, P: int, m: int, net: Network, shapes: list | None = None) -> float:
     """t_commu of one reduce of an m-entry gradient on P ranks (the config's class decides;
     PowerSGD also needs the parameters' ``shapes``, see ``param_shapes``)."""
     settings = {k: v for k, v in reducer_cfg.items() if k != "_target_"}
-    return _reducer_class(reducer_cfg).predict_commu(P, m, net, shapes=shapes, **settings)
+    return reducer_class(reducer_cfg).predict_commu(P, m, net, shapes=shapes, **settings)
 
 
 def param_shapes(model_cfg: Mapping) -> list[tuple[int, ...]]:
@@ -126,14 +182,18 @@ def param_shapes(model_cfg: Mapping) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in net.parameters()]
 
 
+def model_shapes(name: object) -> list[tuple[int, ...]]:
+    """``param_shapes`` of ``conf/model/<name>.yaml``, for the reducers whose model needs the
+    layers (PowerSGD). ``name`` comes from records: UnknownConfig, with nothing loaded,
+    unless ``check_model`` accepts it."""
+    return _model_shapes(check_model(name))
+
+
 @functools.cache
-def model_shapes(name: str) -> list[tuple[int, ...]] | None:
-    """``param_shapes`` of ``conf/model/<name>.yaml`` (None when there is no such config),
-    for the reducers whose model needs the layers (PowerSGD)."""
+def _model_shapes(name: str) -> list[tuple[int, ...]]:
     from omegaconf import OmegaConf
 
-    path = Path(__file__).resolve().parents[2] / "conf" / "model" / f"{name}.yaml"
-    return param_shapes(OmegaConf.to_container(OmegaConf.load(path))) if path.exists() else None
+    return param_shapes(OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml")))
 
 
 def predict_iter(
@@ -149,7 +209,7 @@ def predict_iter(
     (t_data, t_compute, t_compr, t_update of a job; missing ones count as 0)."""
     t = {k: float(local.get(k, 0.0)) for k in LOCAL_TIMES}
     t_commu = predict_commu(reducer_cfg, P, m, net, shapes)
-    if getattr(_reducer_class(reducer_cfg), "overlaps_backward", False):
+    if getattr(reducer_class(reducer_cfg), "overlaps_backward", False):
         body = max(t["t_compute"], t_commu)
     else:
         body = t["t_compute"] + t_commu
@@ -163,10 +223,11 @@ def finished_jobs(roots: Iterable[str | Path]) -> list[tuple[dict, dict]]:
 
 
 def compare(summary: Mapping, cfg: Mapping, net: Network) -> dict:
-    """Measured against predicted t_commu and t_iter for one finished job."""
+    """Measured against predicted t_commu and t_iter for one finished job; UnknownConfig
+    when its model or reducer is not one of ``conf/`` (see ``check_model``)."""
     P, m = int(summary["nodes"]), int(summary["params"])
     images = int(summary["batch_per_worker"]) * int(summary["grad_accum_steps"])
-    pred = predict_iter(cfg["reducer"], P, m, net, summary, images, model_shapes(str(summary["model"])))
+    pred = predict_iter(cfg["reducer"], P, m, net, summary, images, model_shapes(summary["model"]))
     out = {k: summary.get(k) for k in ("reducer", "model", "nodes", "density", "compute", "cluster")}
     out.update(
         t_commu_measured=summary["t_commu"],
@@ -185,7 +246,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("runs", nargs="+", help="directories holding finished jobs")
     args = ap.parse_args(argv)
     net = NetworkProfile.load(args.network).network
-    rows = [compare(s, c, net) for s, c in finished_jobs(args.runs)]
+    rows = []
+    for d in finished(args.runs):
+        try:
+            rows.append(compare(d.read_summary(), d.read_config(), net))
+        except UnknownConfig as e:  # a record's name that conf/ does not have: that job only
+            print(f"warning: skipping {d.path}: {e}", file=sys.stderr)
     if not rows:
         raise SystemExit(f"no finished jobs (summary.json + config.yaml) under {' '.join(args.runs)}")
     print(

@@ -13,7 +13,8 @@ from gtopk.run.cluster import netns
 
 
 class ClusterError(RuntimeError):
-    """The cluster cannot be set up here; the message names the setting and the fix."""
+    """The cluster cannot be set up here, or a setting of it is bad; the message (one line)
+    names the setting and the fix."""
 
 
 @dataclass(frozen=True)

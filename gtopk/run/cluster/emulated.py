@@ -17,9 +17,8 @@ and NCCL is told to use sockets (no shared memory, P2P or InfiniBand shortcuts).
 from __future__ import annotations
 
 import os
-import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from gtopk.run.cluster import netns
@@ -39,25 +38,36 @@ RANK_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "NCCL_COLLNET_ENABLE": "0",
 }
-_UNITS = {
-    "bit": 1,
-    "kbit": 1e3,
-    "mbit": 1e6,
-    "gbit": 1e9,
-    "tbit": 1e12,
-    "bps": 8,
-    "kbps": 8e3,
-    "mbps": 8e6,
-    "gbps": 8e9,
+#: an example of each setting, for the error messages
+EXAMPLES = {
+    "bandwidth": "1gbit, 100mbit or 10gbit",
+    "burst": "32kb, 64kb or 1mb",
+    "latency": "10ms, 500us or 1s",
+    "mtu": "1500 or 9000",
+    "gso_max_size": "16384, 65536 or null (the kernel's default)",
 }
+MTU = (68, 65535)  # IPv4's smallest, a veth's largest
+ETH_HEADER = 14  # bytes a frame has beyond its MTU-sized payload (what tbf counts)
 
 
-def rate_bits_per_s(rate: str) -> float:
-    """tc rate syntax (``1gbit``, ``100mbit``, ``125mbps`` = bytes) in bits per second."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]+)\s*", str(rate))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ClusterError(f"cluster.bandwidth={rate!r} is not a tc rate; write e.g. 1gbit, 100mbit or 10gbit")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+def _setting(name: str, value: object, parse: Callable[[object], int]) -> int:
+    """``parse(value)``, or a one-line ClusterError naming ``cluster.<name>`` and examples."""
+    try:
+        return parse(value)
+    except ValueError as e:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ClusterError(f"cluster.{name}={shown} {e}; write e.g. cluster.{name}={EXAMPLES[name]}") from None
+
+
+def _gso(value: object) -> int:
+    """``gso_max_size`` in bytes (0: leave the kernel's default)."""
+    return netns.parse_count(value, 0, netns.U32)
+
+
+def rate_bits_per_s(rate: object) -> float:
+    """tc rate syntax (``1gbit``, ``100mbit``, ``125mbps`` = bytes) in bits per second;
+    ClusterError naming ``cluster.bandwidth`` for anything else."""
+    return float(_setting("bandwidth", rate, netns.parse_rate))
 
 
 def address(rank: int) -> str:
@@ -75,14 +85,27 @@ class EmulatedCluster(Cluster):
     def __init__(
         self,
         bandwidth: str = "1gbit",
-        burst: str = "32kb",
+        burst: str | int = "32kb",
         latency: str = "10ms",
         mtu: int = 1500,
         gso_max_size: int | None = 16384,
     ):
-        self.bandwidth, self.burst, self.latency, self.mtu = str(bandwidth), str(burst), str(latency), int(mtu)
-        self.gso_max_size = gso_max_size
-        self.bits_per_s = rate_bits_per_s(self.bandwidth)
+        # parsed into numbers here, so no setting's text ever reaches ``ip``/``tc`` (their
+        # commands are written from these numbers, ``_commands``); a bad one is a ClusterError
+        self.rate_bits = _setting("bandwidth", bandwidth, netns.parse_rate)
+        self.burst_bytes = _setting("burst", burst, netns.parse_size)
+        self.latency_us = _setting("latency", latency, netns.parse_time)
+        self.mtu = _setting("mtu", mtu, lambda v: netns.parse_count(v, *MTU))
+        gso = None if gso_max_size is None else _setting("gso_max_size", gso_max_size, _gso)
+        self.gso_max_size = gso or None  # 0: the kernel's default, as null
+        if self.burst_bytes < self.mtu + ETH_HEADER:
+            raise ClusterError(
+                f"cluster.burst={burst!r} is {self.burst_bytes} bytes, less than one frame of cluster.mtu={self.mtu} "
+                f"({self.mtu + ETH_HEADER} bytes): tbf would drop every full-size packet; raise cluster.burst (e.g. 32kb)"
+            )
+        # as given (validated), for the records: summaries compare these strings across runs
+        self.bandwidth, self.burst, self.latency = str(bandwidth), str(burst), str(latency)
+        self.bits_per_s = float(self.rate_bits)
 
     def check(self, nodes: int) -> None:
         reason = netns.unavailable_reason()
@@ -107,8 +130,15 @@ class EmulatedCluster(Cluster):
 
     def _commands(self, job: str, nodes: int) -> dict[str | None, tuple[list[str], list[str]]]:
         """``ip`` and ``tc`` batch commands per namespace (None: the caller's own)."""
+        if not netns.JOB.fullmatch(job) or not (isinstance(nodes, int) and 0 < nodes <= self.MAX_NODES):
+            raise ValueError(f"not a job name and rank count: {job!r}, {nodes!r}")
         sw = f"{job}-sw"
-        shape = f"tbf rate {self.bandwidth} burst {self.burst} latency {self.latency}"
+        rate, burst, latency = (
+            netns.tc_rate(self.rate_bits),
+            netns.tc_size(self.burst_bytes),
+            netns.tc_time(self.latency_us),
+        )
+        shape = f"tbf rate {rate} burst {burst} latency {latency}"
         root = [f"netns add {sw}"] + [f"netns add {job}-r{r}" for r in range(nodes)]
         root += [
             f"link add {IFNAME} netns {job}-r{r} mtu {self.mtu} type veth peer name p{r} netns {sw} mtu {self.mtu}"

@@ -5,6 +5,13 @@ collide; a namespace whose owner process is gone is stale and removed by ``sweep
 A reaper process (``python -m gtopk.run.cluster.reaper NAME...``), started in its own session,
 waits for its parent to close a pipe and then removes the namespaces, so they disappear
 even when the parent is SIGKILLed.
+
+Commands reach ``ip``/``tc`` as batch input run as root, so no text of a setting goes into
+them: ``parse_rate``, ``parse_size``, ``parse_time`` and ``parse_count`` turn a setting
+into a whole number (bits/s, bytes, microseconds) with strict patterns (digits, an optional
+fraction, a known unit; no sign, exponent, space, NaN or inf), and ``tc_rate``,
+``tc_size`` and ``tc_time`` write that number back in tc's units. ``run_batch`` refuses a
+command that is not one printable line.
 """
 
 from __future__ import annotations
@@ -19,9 +26,12 @@ import shutil
 import signal
 import subprocess
 import sys
+from fractions import Fraction
 
 PREFIX = "gtk"
 _NAME = re.compile(rf"^{PREFIX}(\d+)x[0-9a-f]+-")
+#: a job's name (``<PREFIX><owner pid>x<hex token>``), the stem of its namespaces' names
+JOB = re.compile(rf"{PREFIX}[0-9]+x[0-9a-f]+", re.ASCII)
 CLONE_NEWNET = 0x40000000
 
 
@@ -73,10 +83,113 @@ def _try_build(name: str) -> str | None:
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=60)
 
 
+# --------------------------------------------------------------- tc's units (iproute2 tc_util.c)
+_NUMBER = r"(?P<number>[0-9]+(?:\.[0-9]+)?)"  # no sign, exponent, space, NaN or inf
+#: rate units, bits/s (tc's get_rate; case-insensitive there too)
+RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+RATE_UNITS |= {"kibit": 2**10, "mibit": 2**20, "gibit": 2**30, "tibit": 2**40}
+RATE_UNITS |= {"bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9, "tbps": 8 * 10**12}
+RATE_UNITS |= {"kibps": 8 * 2**10, "mibps": 8 * 2**20, "gibps": 8 * 2**30, "tibps": 8 * 2**40}
+#: size units, bytes (tc's get_size: binary prefixes; ``kbit`` is 1024 bits); none: bytes
+SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+SIZE_UNITS |= {"kbit": 2**10 // 8, "mbit": 2**20 // 8, "gbit": 2**30 // 8}
+#: time units, microseconds (tc's get_time; a bare number, microseconds there, is refused here)
+TIME_UNITS = {u: 10**6 for u in ("s", "sec", "secs")}
+TIME_UNITS |= {u: 10**3 for u in ("ms", "msec", "msecs")} | {u: 1 for u in ("us", "usec", "usecs")}
+U32 = 2**32 - 1
+
+
+def _text(value: object) -> str | None:
+    """A setting as the text to match: str as it is, int and float as Python writes them
+    (``nan``, ``inf`` and ``1e+20`` then fail the patterns); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return value if isinstance(value, str) else None
+
+
+def _whole(value: object, units: dict[str, int], what: str) -> int:
+    """``value`` (number + unit of ``units``) as a whole number of the units' base; ValueError
+    (a short reason) when it does not match, is not whole, or is not positive."""
+    text = _text(value)
+    m = re.fullmatch(_NUMBER + r"(?P<unit>[a-zA-Z]*)", text or "", re.ASCII)
+    if m is None or m.group("unit").lower() not in units:
+        raise ValueError(f"is not {what}")
+    amount = Fraction(m.group("number")) * units[m.group("unit").lower()]  # exact
+    if amount.denominator != 1:
+        raise ValueError(f"is not {what} (not a whole number of its smallest unit)")
+    if amount <= 0:
+        raise ValueError(f"is not {what} (it must be above 0)")
+    return int(amount)
+
+
+def parse_rate(value: object) -> int:
+    """A tc rate (``1gbit``, ``100mbit``, ``125mbps`` = bytes/s) in bits/s: a unit is
+    required, and the rate must be whole bytes/s (as tc stores it)."""
+    bits = _whole(value, RATE_UNITS, "a tc rate with a unit (bit, kbit, mbit, gbit, bps, ...)")
+    if bits % 8 or bits // 8 >= 2**64:
+        raise ValueError("is not a whole number of bytes per second below 2^64")
+    return bits
+
+
+def parse_size(value: object) -> int:
+    """A tc size (``32kb`` = 32768, ``1500``, ``2mb``) in bytes, at most 2^32 - 1."""
+    size = _whole(value, SIZE_UNITS, "a tc size in bytes (a whole number with an optional unit b, kb, mb, gb)")
+    if size > U32:
+        raise ValueError("is larger than 2^32 - 1 bytes")
+    return size
+
+
+def parse_time(value: object) -> int:
+    """A tc time (``10ms``, ``500us``, ``1s``) in whole microseconds, at most 2^32 - 1."""
+    us = _whole(value, TIME_UNITS, "a tc time with a unit (s, ms, us)")
+    if us > U32:
+        raise ValueError("is longer than 2^32 - 1 microseconds")
+    return us
+
+
+def parse_count(value: object, low: int, high: int) -> int:
+    """A whole number (int, or its decimal digits) in ``[low, high]``, no unit."""
+    text = _text(value)
+    if text is None or not re.fullmatch(r"[0-9]+", text, re.ASCII):
+        raise ValueError("is not a whole number")
+    n = int(text)
+    if not low <= n <= high:
+        raise ValueError(f"is outside {low} .. {high}")
+    return n
+
+
+def _largest(n: int, units: list[tuple[str, int]]) -> str:
+    """``n`` in the largest of ``units`` (descending; the last has scale 1) that divides it."""
+    unit, scale = next((u, s) for u, s in units if n % s == 0)
+    return f"{n // scale}{unit}"
+
+
+def tc_rate(bits_per_s: int) -> str:
+    """bits/s in tc's decimal rate units: 10**9 -> ``1gbit``, 10**8 -> ``100mbit``."""
+    return _largest(bits_per_s, [("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3), ("bit", 1)])
+
+
+def tc_size(size: int) -> str:
+    """bytes in tc's binary size units: 32768 -> ``32kb``, 1500 -> ``1500b``."""
+    return _largest(size, [("mb", 2**20), ("kb", 2**10), ("b", 1)])
+
+
+def tc_time(us: int) -> str:
+    """microseconds in tc's time units: 10000 -> ``10ms``, 1500 -> ``1500us``."""
+    return _largest(us, [("s", 10**6), ("ms", 10**3), ("us", 1)])
+
+
 def run_batch(tool: str, commands: list[str], namespace: str | None = None) -> None:
-    """Run ``commands`` through ``<tool> [-n namespace] -batch -`` (one process)."""
+    """Run ``commands`` through ``<tool> [-n namespace] -batch -`` (one process). Each
+    command must be one line of printable ASCII (ValueError otherwise: a bug, since every
+    command is written from parsed numbers and generated names)."""
     if not commands:
         return
+    for c in commands:
+        if not re.fullmatch(r"[ -~]+", c, re.ASCII):
+            raise ValueError(f"refusing `{tool} -batch` input that is not one printable line: {c!r}")
     where = ["-n", namespace] if namespace else []
     proc = subprocess.run(
         [tool, *where, "-batch", "-"], input="\n".join(commands) + "\n", capture_output=True, text=True
