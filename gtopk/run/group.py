@@ -16,6 +16,9 @@ one-shot form (a group for one task). What the group guarantees:
   wait for the next one; no watchdog runs.
 * The rendezvous port is bound by the parent before any worker starts and handed to rank
   0 already bound (``PortInUse`` if a fixed one is taken); it is free again after close.
+* On this machine alone (no namespaces, a loopback ``master_addr``: cluster=local, simulated)
+  nothing listens on the machine's network: the workers get ``gtopk.run.world.loopback_env()``
+  (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME: the loopback device, unless the environment sets them).
 * ``close()``: each worker destroys its process group and says so; then the workers are
   stopped (not left to run their interpreter's shutdown).
 * Workers die with their parent (PR_SET_PDEATHSIG); while the group lives, SIGTERM and
@@ -50,7 +53,7 @@ import torch.multiprocessing as mp
 from gtopk import host
 from gtopk.run.cluster.base import Placement
 from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
-from gtopk.run.world import WorkerError, join_group, listen, threads_per_worker
+from gtopk.run.world import WorkerError, is_loopback, join_group, listen, loopback_env, threads_per_worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +182,8 @@ class WorkerGroup:
         if not placement.namespaces:  # this machine's loopback: hold the rendezvous port from now on
             sock = listen(placement.master_addr, port)
             placement = dataclasses.replace(placement, master_port=sock.getsockname()[1])
+            if is_loopback(placement.master_addr):  # and gloo's and NCCL's sockets on it too
+                placement = dataclasses.replace(placement, env={**loopback_env(), **placement.env})
         self._exit = contextlib.ExitStack()
         self._exit.callback(lambda: sock and sock.close())
         self._stack_dir = self._exit.enter_context(tempfile.TemporaryDirectory(prefix="gtopk-stacks-"))

@@ -2,7 +2,11 @@
 
 * One process at a time per run directory: ``job_lock`` takes an exclusive ``flock`` on
   ``<run_dir>/.lock`` (released by the kernel when the process dies, so never stale); a
-  second sweep reaching the same job gets ``JobBusy`` and goes on with its next job.
+  second sweep reaching the same job gets ``JobBusy`` and goes on with its next job. On a
+  filesystem without ``flock`` the job is refused the same way (``LockUnavailable``, a
+  ``JobBusy`` whose line names the fix), not with an OSError traceback.
+* One torchrun world at a time per run directory: ``torchrun_lock`` takes the same lock on
+  rank 0, and ``agree_on_lock`` (collective) hands rank 0's refusal to every rank.
 * ``start_attempt`` appends to ``attempts.jsonl`` and returns the attempt number that the
   iteration rows carry; it removes a previous attempt's ``failed.json``.
 * ``job_failed``: a failed job gets ``failed.json`` (one-line error, every rank's
@@ -17,6 +21,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -24,16 +29,17 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, read_jsonl, write_json_atomic
+from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, git_commit, read_jsonl, write_json_atomic
 from gtopk.run import runner
 
 log = logging.getLogger("gtopk")
@@ -42,22 +48,44 @@ EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
 
 class JobBusy(RuntimeError):
-    """Another live process is running this job (same run directory)."""
+    """Another live process is running this job (same run directory). Bad input, one line:
+    ``gtopk.run.job`` exits 2 (a sweep goes on) and writes nothing into the run directory."""
+
+
+class LockUnavailable(JobBusy):
+    """The run directory's filesystem has no ``flock``, so whether another process runs the
+    job cannot be known: refused as ``JobBusy`` is; the message names the fix (where runs go)."""
+
+
+#: what ``flock`` fails with where the filesystem does not lock (Lustre without ``-o flock``,
+#: NFS without lockd, some FUSE filesystems)
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS)
 
 
 @contextmanager
 def job_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the block; ``JobBusy`` if another process holds it."""
+    """Hold ``run_dir``'s lock for the block (local, not collective); ``JobBusy`` if another
+    process holds it, ``LockUnavailable`` if its filesystem cannot lock."""
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except BlockingIOError:  # another open file holds it
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise JobBusy(
             f"{run_dir} is being run by another process (pid {holder}); wait for it to finish "
             "(then re-run: finished jobs are skipped), or pass another name="
+        ) from None
+    except OSError as e:
+        os.close(fd)
+        if e.errno not in NO_FLOCK:
+            raise
+        raise LockUnavailable(
+            f"{run_dir}: its filesystem cannot lock files (flock: {e.strerror}), and a run folder is locked "
+            "so that two processes never run one job; put runs on a local filesystem "
+            "(hydra.run.dir=/local/path, or hydra.sweep.dir=/local/path with -m), or mount it with locking "
+            "(Lustre: -o flock; NFS: with lockd)"
         ) from None
     try:
         os.ftruncate(fd, 0)
@@ -67,11 +95,40 @@ def job_lock(run_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+@contextmanager
+def torchrun_lock(run_dir: Path, rank: int | None = None) -> Iterator[JobBusy | None]:
+    """Local, not collective: on rank 0 (``rank``, default the ``RANK`` variable torchrun
+    sets), hold ``job_lock(run_dir)`` for the block; other ranks take nothing. Yields rank
+    0's refusal (the ``JobBusy``, or ``LockUnavailable``, it got: not raised, so that rank 0
+    still joins the group and tells the others) or None. Rank 0 writes into ``run_dir`` only
+    when it is None; every rank passes it to ``agree_on_lock`` right after joining the group."""
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    held, refusal = ExitStack(), None
+    if rank == 0:
+        try:
+            held.enter_context(job_lock(run_dir))
+        except JobBusy as e:  # LockUnavailable too
+            refusal = e
+    with held:
+        yield refusal
+
+
+def agree_on_lock(refusal: JobBusy | None) -> None:
+    """Collective over the default process group (every rank, right after joining it):
+    rank 0's ``refusal`` from ``torchrun_lock`` goes to every rank, and every rank raises
+    it (one line, exit 2 through ``gtopk.run.job``); returns when rank 0 holds the lock."""
+    verdict = [refusal]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise verdict[0]
+
+
 def start_attempt(run_dir: Path) -> int:
     """Record a new attempt of the job (call while holding its lock); returns its number."""
     attempt = len(read_jsonl(run_dir / ATTEMPTS)) + 1
     with open(run_dir / ATTEMPTS, "a") as f:
-        f.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "started": time.time()}) + "\n")
+        row = {"attempt": attempt, "pid": os.getpid(), "started": time.time(), "commit": git_commit()}
+        f.write(json.dumps(row) + "\n")
     (run_dir / FAILED).unlink(missing_ok=True)
     return attempt
 

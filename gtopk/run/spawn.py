@@ -17,6 +17,9 @@ behind, whatever happens:
 * The rendezvous port is bound by the parent before any worker starts and handed to rank
   0 already bound, so concurrent jobs never race for a port (``PortInUse`` if a fixed one
   is taken); it is free again when ``spawn`` returns.
+* On loopback (the default placement) nothing listens on the machine's network: the
+  workers' gloo and NCCL sockets are bound to the loopback device too (GLOO_SOCKET_IFNAME,
+  NCCL_SOCKET_IFNAME, unless the environment sets them).
 * Workers die with their parent (PR_SET_PDEATHSIG), and SIGTERM or Ctrl-C of the parent
   stops them before it exits. Process groups are created and destroyed explicitly in
   each worker (try/finally).

@@ -1,14 +1,18 @@
 """Joining a torch.distributed world: the rendezvous port (``listen``, ``PortInUse``), the
-process group (``join_group``, collective), the intra-op thread count per worker, and the
+process group (``join_group``, collective), the loopback device a world on this machine
+alone binds its sockets to (``loopback_env``), the intra-op thread count per worker, and the
 error a failed group raises (``WorkerError``). The lowest layer of ``gtopk.run``: the worker
 group (``gtopk.run.group``), ``spawn``, jobs and netbench build on it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import os
 import re
 import socket
+import struct
 from datetime import timedelta
 from typing import Any
 
@@ -62,6 +66,53 @@ class WorkerError(RuntimeError):
 def threads_per_worker(nprocs: int) -> int:
     """Intra-op threads so that nprocs workers never oversubscribe this machine's cores."""
     return max(1, (os.cpu_count() or 1) // nprocs)
+
+
+#: the variables that name the network interface gloo and NCCL bind their sockets to; unset,
+#: gloo binds the address the hostname resolves to (on a cloud VM: its LAN address) and
+#: NCCL the first interface that is not loopback
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address (struct ifreq, address at byte 20)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP address; a name is not) is a loopback one: 127.0.0.0/8,
+    ::1, or 127.0.0.0/8 mapped into IPv6 (``::ffff:127.0.0.1``, how a dual-stack socket
+    connected to 127.0.0.1 shows its end)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def loopback_ifname() -> str:
+    """The name of this machine's loopback device: the interface whose IPv4 address is a
+    loopback one (``lo`` on Linux). Falls back to ``lo`` where none is found that way (no
+    ``if_nameindex`` or ``SIOCGIFADDR``): the Linux name, which is all this project runs on."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for name in names:
+                try:
+                    ifreq = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                except OSError:  # no IPv4 address (down, or IPv6 only)
+                    continue
+                if is_loopback(socket.inet_ntoa(ifreq[20:24])):
+                    return name
+    except OSError:
+        pass
+    return "lo"
+
+
+def loopback_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that puts every socket of a world on this machine alone on loopback:
+    ``SOCKET_IFNAME_VARS`` set to ``loopback_ifname()``, but only those not already set
+    (non-empty) in ``environ`` (default ``os.environ``): a user's explicit choice stands."""
+    environ = os.environ if environ is None else environ
+    unset = [k for k in SOCKET_IFNAME_VARS if not environ.get(k)]
+    return dict.fromkeys(unset, loopback_ifname()) if unset else {}
 
 
 class PortInUse(ValueError):
