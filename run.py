@@ -4,8 +4,9 @@ Examples:
     python run.py -m reducer=dense,topk,gtopk nodes=4,8,16,32
     python run.py model=vgg16 data=cifar10 mode=train nodes=4 reducer=gtopk density=0.001
 
-Bad input is one line on stderr (exit 2); a failed job exits 1 (a sweep goes on and lists
-its failed jobs at the end); see gtopk.run.checks and gtopk.run.jobs.
+Bad input is one line on stderr (exit 2), the command line's checked before Hydra starts
+(gtopk.run.overrides), the settings' before any worker does (gtopk.run.checks); a failed
+job exits 1 (a sweep goes on and lists its failed jobs at the end; gtopk.run.jobs).
 """
 
 import sys
@@ -15,9 +16,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from gtopk.run.checks import unknown_choice
 from gtopk.run.job import run_job
 from gtopk.run.jobs import EXIT_BAD_INPUT
+from gtopk.run.overrides import command_line_problem
 from gtopk.run.slurm.launcher import register
 
 # hydra/launcher=submitit_slurm: conf/hydra/launcher/submitit_slurm.yaml replaces the plugin's
@@ -32,8 +33,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    problem = unknown_choice(sys.argv[1:], Path(__file__).resolve().parent / "conf")
-    if problem:  # before Hydra, whose own message spans lines
+    problem = command_line_problem(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    if problem:  # before Hydra, which creates the run folder first and reports over several lines
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     try:

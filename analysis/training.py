@@ -18,7 +18,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gtopk.records.regime import accuracy_trend, coverage
-from gtopk.records.rundir import SIMULATED_BACKEND, RunDir, read_jsonl, run_dirs
+from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
+from gtopk.records.summary import SIMULATED_BACKEND
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 #: reducers whose update is the exact average of the gradients (dense S-SGD): their final
@@ -104,7 +105,7 @@ def own_overheads(d: RunDir, summary: dict | None = None) -> dict:
     final = rows[-1].get("density")
     rows = [r for r in rows if r.get("density") == final]
     if summary is None:
-        summary = d.read_summary() if d.summary.exists() else {}
+        summary = d.summary_if_readable() or {}
     simulated = summary.get("backend") == SIMULATED_BACKEND
     if simulated:
         rest = [r["t_update"] for r in rows]
@@ -124,7 +125,7 @@ def regime(d: RunDir, rows: Sequence[dict] | None = None, epochs: Sequence[dict]
     given) with ``params`` from the summary, else None (runs recorded before coverage, or
     without diagnostics); ``still_rising``: the summary's ``top1_still_rising``, else the
     trend of the epochs' test top-1 (None with fewer than 3 epochs)."""
-    summary = d.read_summary() if d.summary.exists() else {}
+    summary = d.summary_if_readable() or {}
     epochs = list(read_jsonl(d.epochs)) if epochs is None else list(epochs)
     cov = summary.get("coverage")
     if cov is None:

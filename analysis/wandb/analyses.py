@@ -76,7 +76,7 @@ def export_analysis(folder: Path, jobs: list[Any], mode: str, wandb_dir: Path, p
     import wandb
 
     from analysis.wandb.runs import init_run, run_id
-    from gtopk.records.rundir import git_commit
+    from gtopk.records.summary import git_commit
 
     name, mine = experiment_of(folder, jobs)
     commits = sorted({c for j in mine if (c := (j.summary.get("env") or {}).get("git_commit"))})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -225,14 +226,19 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 @hydra.main(config_path="../../conf", config_name="netbench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    try:  # bad input: one line, exit 2, before anything runs
+        with open_dict(cfg):
+            # auto: the CPU and gloo (collectives of CPU tensors need no GPU); device=cuda or
+            # backend=nccl: NCCL on this machine's GPUs, one per rank
+            cfg.device, cfg.backend = checks.placement(cfg.device, cfg.backend, wants_gpu=False)
+        cluster = checks.build(cfg, "cluster")
+    except checks.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open_dict(cfg):
-        # auto: the CPU and gloo (collectives of CPU tensors need no GPU); device=cuda or
-        # backend=nccl: NCCL on this machine's GPUs, one per rank
-        cfg.device, cfg.backend = checks.placement(cfg.device, cfg.backend, wants_gpu=False)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    cfg_dict["cluster_info"] = {} if torchrun_world() else instantiate(cfg.cluster).describe()
+    cfg_dict["cluster_info"] = {} if torchrun_world() else cluster.describe()
     if torchrun_world():
         join_group(cfg.backend, cfg.timeout_s, cfg.timeout_s)  # under NCCL: binds LOCAL_RANK's GPU first
     try:

@@ -11,31 +11,33 @@
   ``read_jsonl`` skips it (never fatal). Rows carry the job's ``attempt``.
 * ``summary.json``: medians over all ranks' post-warm-up iterations, with ``env``
   (versions, device, CPU/GPU, git commit) and, for training, the final coverage and the
-  test top-1 trend (``gtopk.records.regime``); written atomically (temp file + rename), so
-  its presence means the job finished.
+  test top-1 trend, and the config's ``fingerprint`` (built by ``gtopk.records.summary``);
+  written atomically (temp file + rename), so its presence means the job finished.
 * ``attempts.jsonl`` (one line per attempt), ``failed.json`` (the last attempt's error;
   never beside a ``summary.json``), ``.lock`` (flock of the process running the job):
   see ``gtopk.run.jobs``.
-* ``checkpoint/rank<r>.pt``: per-rank training state of the last epoch (``gtopk.train.state``).
+* ``checkpoint/epoch<k>/rank<r>.pt`` and ``manifest.json`` (written last: the generation is
+  complete): every rank's training state of epoch k, the two newest complete generations
+  kept; ``checkpoint/rank<r>.pt`` links to rank r's newest (``gtopk.train.checkpoint``).
+* ``identity.json``: the settings the folder's work is done with, their fingerprint and the
+  code version (``gtopk.records.identity``); ``superseded/<time>/``: an older result of other
+  settings, moved aside by ``rerun=true`` (never read as a run directory).
 * ``wandb/``: the wandb run's files; ``<job name>.log``: Hydra's log of the job.
+
+An unreadable ``summary.json`` or ``config.yaml`` (a partial copy, a power cut, a hand edit)
+never stops a reader: ``finished`` and ``summary_if_readable`` pass over it with a one-line
+warning, and the job quarantines it and runs again (``gtopk.run.job``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
-import statistics
-import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-
-from gtopk.records.regime import summary_fields
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
@@ -43,10 +45,11 @@ EPOCHS = "epochs.jsonl"
 ATTEMPTS = "attempts.jsonl"
 FAILED = "failed.json"
 LOCK = ".lock"
+IDENTITY = "identity.json"
+SUPERSEDED = "superseded"
 CHECKPOINTS = "checkpoint"
 WANDB = "wandb"
 ITERS_GLOB = "iters.rank*.jsonl"
-TIMINGS = ("t_data", "t_compute", "t_compr", "t_commu", "t_update", "t_iter")
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,19 @@ class RunDir:
         """Every rank's iteration file, by name."""
         return sorted(self.path.glob(ITERS_GLOB))
 
-    def checkpoint(self, rank: int) -> Path:
-        return self.checkpoints / f"rank{rank}.pt"
+    def checkpoint(self, rank: int, epoch: int | None = None) -> Path:
+        """Rank ``rank``'s file of the generation of epoch ``epoch``; without ``epoch``,
+        ``checkpoint/rank<r>.pt``: a symlink to its newest complete one (a regular file in
+        run directories from before generations)."""
+        return (self.checkpoints if epoch is None else self.generation(epoch)) / f"rank{rank}.pt"
+
+    def generation(self, epoch: int) -> Path:
+        """The folder of every rank's checkpoint of epoch ``epoch``."""
+        return self.checkpoints / f"epoch{epoch}"
+
+    def checkpoint_manifest(self, epoch: int) -> Path:
+        """Written last: the generation of epoch ``epoch`` is complete."""
+        return self.generation(epoch) / "manifest.json"
 
     def job_log(self, job_name: str) -> Path:
         """Hydra's log of the job (``hydra.job.name``, ``run`` for run.py)."""
@@ -114,7 +128,8 @@ class RunDir:
 
     @property
     def is_finished(self) -> bool:
-        return self.summary.exists()
+        """``summary.json`` exists and is readable (a JSON object)."""
+        return self.summary_if_readable() is not None
 
     @property
     def has_failed(self) -> bool:
@@ -122,29 +137,85 @@ class RunDir:
         return self.failed.exists() and not self.is_finished
 
     def read_summary(self) -> dict:
-        return json.loads(self.summary.read_text())
+        """``summary.json``; ``CorruptRecord`` (one line) when it is not a JSON object."""
+        return _read_json_object(self.summary)
+
+    def summary_if_readable(self) -> dict | None:
+        """``summary.json``, or None when there is none or it is unreadable (a one-line
+        warning, once per file and process)."""
+        if not self.summary.exists():
+            return None
+        try:
+            return self.read_summary()
+        except CorruptRecord as e:
+            warn_once(str(e))
+            return None
 
     def read_config(self) -> dict:
-        """The resolved config as a dict."""
+        """The resolved config as a dict; ``CorruptRecord`` (one line) when unreadable."""
         from omegaconf import OmegaConf
 
-        return OmegaConf.to_container(OmegaConf.load(self.config), resolve=True)
+        try:
+            cfg = OmegaConf.to_container(OmegaConf.load(self.config), resolve=True)
+        except Exception as e:  # noqa: BLE001 - YAML, interpolation or I/O: unreadable
+            raise CorruptRecord(f"{self.config} is unreadable ({_first_line(e)})") from None
+        if not isinstance(cfg, dict):
+            raise CorruptRecord(f"{self.config} is unreadable (not a mapping)")
+        return cfg
+
+
+class CorruptRecord(ValueError):
+    """A record of a run directory cannot be read; the message is one line naming it."""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """``warning: <message>`` on stderr, once per message and process."""
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}; skipped", file=sys.stderr, flush=True)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CorruptRecord(f"{path} is unreadable ({_first_line(e)})") from None
+    if not isinstance(obj, dict):
+        raise CorruptRecord(f"{path} is unreadable (not a JSON object)")
+    return obj
 
 
 def run_dirs(roots: Iterable[str | Path]) -> list[RunDir]:
-    """Run directories (holding ``config.yaml``) under ``roots``, Hydra's ``.hydra/`` and
-    wandb's folders (which hold a ``config.yaml`` of their own) left out."""
+    """Run directories (holding ``config.yaml``) under ``roots``, Hydra's ``.hydra/``,
+    wandb's folders (which hold a ``config.yaml`` of their own) and results moved aside
+    (``superseded/``) left out."""
     found = set()
     for root in roots:
         for cfg in Path(root).rglob(CONFIG):
             below = cfg.relative_to(root).parts[:-1]
-            if ".hydra" not in below and WANDB not in below:
+            if ".hydra" not in below and WANDB not in below and SUPERSEDED not in below:
                 found.add(cfg.parent)
-    return [RunDir(d) for d in sorted(found)]
+    out = []
+    for d in sorted(found):
+        try:
+            RunDir(d).read_config()
+        except CorruptRecord as e:  # an unreadable config: passed over, with a warning
+            warn_once(str(e))
+            continue
+        out.append(RunDir(d))
+    return out
 
 
 def finished(roots: Iterable[str | Path]) -> list[RunDir]:
-    """Run directories under ``roots`` whose job finished (``summary.json``)."""
+    """Run directories under ``roots`` whose job finished (readable ``summary.json`` and
+    ``config.yaml``); an unreadable one is passed over with a one-line warning."""
     return [d for d in run_dirs(roots) if d.is_finished]
 
 
@@ -197,89 +268,3 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return rows
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent, timeout=5
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-#: ``summary.json``'s ``backend`` of a ``cluster=simulated`` run (no torch.distributed backend: its P
-#: ranks are one process; ``gtopk.train.simulated`` writes it, ``analysis.training`` reads it)
-SIMULATED_BACKEND = "in-process"
-
-
-def environment(device: str, backend: str) -> dict:
-    import hydra
-    import torchvision
-
-    import gtopk
-
-    env = {
-        "gtopk": gtopk.__version__,
-        "git_commit": git_commit(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "hydra": hydra.__version__,
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "device": device,
-        "backend": backend,
-        "cuda": torch.version.cuda,
-        "gpu": None,
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            env["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), env["cpu"])
-    except OSError:
-        pass
-    if device.startswith("cuda") and torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name()
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    return env
-
-
-def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: Iterable[dict] | None = None) -> dict:
-    """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
-    slowest and where it is fastest both count); steps skipped for a non-finite gradient
-    are counted (iterations), not timed. Training runs (``meta["mode"]``) also carry the
-    coverage of all their iterations and, given the ``epochs`` rows, the trend of the test
-    top-1 at the end (``gtopk.records.regime.summary_fields``)."""
-    rows = list(rows)
-    regime = summary_fields(rows, meta["params"], epochs) if meta.get("mode") == "train" else {}
-    rows = [r for r in rows if not r.get("warmup")]
-    skipped = len({r.get("iter") for r in rows if r.get("nonfinite")})
-    rows = [r for r in rows if not r.get("nonfinite")]
-    if not rows:
-        raise ValueError("no post-warm-up iterations were recorded; raise benchmark.iters")
-    med = {k: statistics.median(r[k] for r in rows) for k in TIMINGS}
-    out = dict(meta)
-    out.update(med)
-    out["iterations"] = len(rows)
-    out["steps_skipped_nonfinite"] = skipped
-    out["images_per_s_per_worker"] = images_per_iter / med["t_iter"]
-    out["bytes_sent_per_iter"] = statistics.median(r["bytes_sent"] for r in rows)
-    out["bytes_recv_per_iter"] = statistics.median(r["bytes_recv"] for r in rows)
-    payload = [r["payload_bytes"] for r in rows if r.get("payload_bytes") is not None]
-    out["payload_bytes_per_iter"] = statistics.median(payload) if payload else None  # DDP and its hook baselines
-    # t_commu of the rank that entered each step's collective last (it waited for no
-    # other rank's compute or selection): the collective's own time, skew excluded
-    by_iter: dict = {}
-    for r in rows:
-        by_iter.setdefault(r.get("iter"), []).append(r["t_commu"])
-    out["t_commu_last_arrival"] = statistics.median(min(v) for v in by_iter.values())
-    out["t_merge"] = statistics.median(r.get("t_merge", 0.0) for r in rows)
-    # DDP: its all-reduce window inside backward (hidden or not; the unhidden part is in t_commu)
-    out["t_commu_backward"] = statistics.median(r.get("t_commu_backward", 0.0) for r in rows)
-    # the largest worker's peak resident memory in the job (MiB; rows of older runs lack it)
-    out["rss_peak_mb"] = max(r.get("rss_peak_mb", 0.0) for r in rows)
-    out.update(regime)
-    return out

@@ -1,18 +1,21 @@
 """Bad input, caught before any worker starts: each problem is a ``ConfigError`` whose
 one-line message names the setting and the fix (``run.py`` prints it as one line).
 
-* ``unknown_choice``: a config group choice on the command line (``reducer=``, ``model=``,
-  ``data=``, ``cluster=``, ... any folder of ``conf/``) that has no file, with the choices.
 * ``validate``: the top-level settings (nodes, density, mode, batch, timeouts, a fixed
-  ``master_port`` that is free, ``threads_per_worker``, fault injection, ``nonfinite``).
+  ``master_port`` that is free, ``threads_per_worker``, fault injection, ``nonfinite``), the
+  recipe's plain values (``gtopk.run.settings``), and every object built from a config node
+  (``gtopk.run.nodes``: ``compute``, ``cluster``, ``data``, ``model.net``).
 * ``reducer_settings``: the reducer's own checks (its constructor, which communicates nothing).
-* ``data_fits``: every rank's share of the training set holds at least one step.
+* ``data_fits``: every rank's share of the training set holds at least one step, and a
+  training run times at least one step after ``benchmark.warmup``.
 * ``placement``: the device and backend a job runs on, resolved from ``device``, ``backend``
   and what the job needs (``auto``: a GPU only for real forward and backward, and only where
   there is one), and the pairs NCCL or gloo cannot run refused.
 * ``model_takes``: the model takes the data's inputs (channels, image size).
 * ``machine_fits``: the workers this job would spawn fit this machine (below);
   ``local_gpus``: under torchrun, this machine's ranks have a GPU each.
+
+The command line itself (malformed overrides, unknown choices, ``name``): ``gtopk.run.overrides``.
 
 "More than this machine can serve" (spawned workers only; under torchrun each node is
 its own machine): on CUDA every rank needs a GPU of its own (NCCL refuses two ranks on one),
@@ -29,13 +32,15 @@ from __future__ import annotations
 
 import os
 import resource
-from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from gtopk.reducers import validate_density
+from gtopk.run import settings
+from gtopk.run.nodes import build, buildable, meta_net
+from gtopk.run.settings import ConfigError, is_int, one_line, shown
 from gtopk.run.world import listen
 from gtopk.train.faults import NONFINITE, FaultSpec
 
@@ -47,45 +52,15 @@ BYTES_PER_PARAM = 32
 FDS_PER_WORKER_SPARE = 256
 
 
-class ConfigError(ValueError):
-    """A setting is invalid; the message names it and the fix."""
-
-
-def unknown_choice(overrides: list[str], conf_dir: Path) -> str | None:
-    """The problem with the first ``group=choice`` among command-line ``overrides``
-    (sweeps included) whose choice has no ``conf_dir/group/choice.yaml``; None if all exist."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    candidates = [o for o in overrides if "=" in o and not o.startswith("-")]
-    try:
-        parsed = OverridesParser.create().parse_overrides(candidates)
-    except Exception:  # noqa: BLE001 - malformed overrides: Hydra reports those itself
-        return None
-    for o in parsed:
-        group = o.key_or_group
-        if o.is_delete() or group.startswith("hydra") or not (conf_dir / group).is_dir():
-            continue
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-        choices = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
-        for value in values:
-            if value not in choices:
-                return (
-                    f"{group}={value} is unknown; choose one of {', '.join(choices)} "
-                    f"(the files in {conf_dir.name}/{group}/)"
-                )
-    return None
-
-
 def _int_at_least(cfg: Any, key: str, low: int, example: str) -> None:
-    from omegaconf import OmegaConf
-
     value = OmegaConf.select(cfg, key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{key}={value!r} must be an integer >= {low}, e.g. {key}={example}")
+    if not is_int(value) or value < low:
+        raise ConfigError(f"{key}={shown(value)} must be an integer >= {low}, e.g. {key}={example}")
 
 
 def validate(cfg: Any) -> None:
-    """The top-level settings; raises ConfigError naming the first bad one."""
+    """The top-level settings, the recipe's values (``gtopk.run.settings``) and the objects
+    built from config nodes (``gtopk.run.nodes``); raises ConfigError naming the first bad one."""
     _int_at_least(cfg, "nodes", 1, "4")
     try:
         validate_density(cfg.density)
@@ -93,29 +68,12 @@ def validate(cfg: Any) -> None:
         raise ConfigError(str(e)) from None
     if cfg.mode not in MODES:
         raise ConfigError(f"mode={cfg.mode!r} is unknown; choose one of {', '.join(MODES)}")
-    _int_at_least(cfg, "batch_size", 1, "16")
-    _int_at_least(cfg, "grad_accum", 1, "1")
+    _int_at_least(cfg, "batch_size", 1, f"16 (by default model.batch_size.{cfg.mode})")
+    _int_at_least(cfg, "grad_accum", 1, f"1 (by default model.grad_accum.{cfg.mode})")
     _int_at_least(cfg, "benchmark.iters", 1, "3")
-    budget = cfg.benchmark.get("budget_s")
-    if budget is not None:
-        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
-            raise ConfigError(
-                f"benchmark.budget_s={budget!r} must be a number of seconds > 0, or null to time benchmark.iters steps"
-            )
-        _int_at_least(cfg, "benchmark.min_iters", 1, "1")
-    for key in ("timeout_s", "collective_timeout_s"):
-        value = cfg.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{key}={value!r} must be a number of seconds > 0, e.g. {key}=120")
-    threads = cfg.get("threads_per_worker")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ConfigError(
-            f"threads_per_worker={threads!r} must be an integer >= 1 (intra-op threads of each worker), "
-            "or null for this machine's cores / nodes"
-        )
     port = cfg.get("master_port", 0)
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"master_port={port!r} must be a TCP port (1-65535), or 0 to pick a free one")
+    if not is_int(port) or not 0 <= port <= 65535:
+        raise ConfigError(f"master_port={shown(port)} must be a TCP port (1-65535), or 0 to pick a free one")
     if port:
         listen("127.0.0.1", port).close()  # PortInUse (bad input) names master_port; spawn binds it again
     problems = FaultSpec.from_cfg(cfg.get("fault")).problems()
@@ -126,6 +84,8 @@ def validate(cfg: Any) -> None:
             f"nonfinite={cfg.nonfinite!r} is unknown; choose one of {', '.join(NONFINITE)} "
             "(stop: the job fails; skip: the step is skipped and recorded)"
         )
+    settings.validate(cfg)
+    buildable(cfg)
 
 
 def reducer_settings(cfg: Any, backend: str = "gloo") -> None:
@@ -133,24 +93,24 @@ def reducer_settings(cfg: Any, backend: str = "gloo") -> None:
     (density, algorithm, put-back, bucket size) and, with no process group in this
     process, makes a one-worker reducer that communicates nothing. Then its
     ``check_job`` checks what depends on the job (mode, warm-up, ``backend``)."""
-    from hydra.errors import InstantiationException
-
-    try:
-        reducer = instantiate(cfg.reducer)
-    except InstantiationException as e:
-        cause = e.__cause__
-        raise ConfigError(str(cause if isinstance(cause, ValueError) else e).splitlines()[0]) from None
+    reducer = build(cfg, "reducer")
     try:
         type(reducer).check_job(cfg, backend)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a setting the check cannot even compare is bad too
+        text = one_line(e)
+        raise ConfigError(text if "reducer" in text else f"reducer={cfg.reducer_name}: {text}") from None
 
 
 def data_fits(cfg: Any, train_size: int | None) -> None:
     """Every rank's share of the ``train_size`` training samples (DistributedSampler,
-    remainder dropped) holds at least one step of ``batch_size`` x ``grad_accum``."""
+    remainder dropped) holds at least one step of ``batch_size`` x ``grad_accum``, and
+    ``mode=train`` runs more iterations than ``benchmark.warmup`` (``settings.train_iterations``)."""
     if train_size is None:
         return
+    if not is_int(train_size) or train_size < 1:
+        raise ConfigError(
+            f"data={cfg.data_name} has {shown(train_size)} training samples; set data.train_size to an integer >= 1"
+        )
     share = train_size // cfg.nodes
     step = cfg.batch_size * cfg.grad_accum
     if share < step:
@@ -158,7 +118,10 @@ def data_fits(cfg: Any, train_size: int | None) -> None:
             f"batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} = {step} samples per step, but "
             f"{cfg.data_name}'s {train_size} training samples split over nodes={cfg.nodes} leave {share} per "
             f"worker; use a smaller batch_size or grad_accum, fewer nodes, or more data"
+            + (" (data.train_size)" if "train_size" in cfg.data else "")
         )
+    if cfg.mode == "train":
+        settings.train_iterations(cfg, train_size)
 
 
 def model_takes(cfg: Any, shape: tuple[int, ...] | None) -> None:
@@ -168,24 +131,23 @@ def model_takes(cfg: Any, shape: tuple[int, ...] | None) -> None:
     small for the model's pooling."""
     if shape is None:
         return
+    net = meta_net(cfg)
     try:
         with torch.device("meta"):
-            instantiate(cfg.model.net).eval()(torch.empty((1, *shape)))
+            net.eval()(torch.empty((1, *shape)))
     except Exception as e:  # noqa: BLE001 - any failure of the forward pass is a mismatch
         cause = str(e.__cause__ or e).splitlines()[0][:200]
         size = f"data.channels={shape[0]}, data.image_size={shape[-1]}" if len(shape) == 3 else f"shape {list(shape)}"
         raise ConfigError(
             f"model={cfg.model_name} cannot take {cfg.data_name}'s inputs of {' x '.join(map(str, shape))} "
-            f"({size}): {cause}. Fix: another model, or data.channels=3 for a model fixed at 3 channels, "
-            "or a larger data.image_size"
+            f"({size}): {cause}. Fix: another model (or its model.net settings), or data.channels=3 for a model "
+            "fixed at 3 channels, or a larger data.image_size"
         ) from None
 
 
 def count_params(cfg: Any) -> int:
     """Parameters of ``cfg.model.net``, built on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        net = instantiate(cfg.model.net)
-    return sum(p.numel() for p in net.parameters())
+    return sum(p.numel() for p in meta_net(cfg).parameters())
 
 
 def memory_total() -> int | None:

@@ -1,17 +1,21 @@
-"""One job: validate the config, then run P workers on this machine or join torchrun's world.
+"""One job: decide from its run directory, validate the config, then run P workers on this
+machine or join torchrun's world.
 
-Everything that can be checked without processes is checked here, before any is spawned
-(``gtopk.run.checks``: a one-line error naming the setting and the fix). A job whose
-``summary.json`` exists is skipped, so re-running a sweep resumes it; a job runs under its
-run directory's lock, and a failed one is recorded and, in a sweep, passed over
-(``gtopk.run.jobs``). The workers are a ``gtopk.run.runner`` group: in a sweep (basic
+A job's identity is its resolved config (``gtopk.records.identity``). First, before any
+check that needs the machine, the run directory decides: finished with the same settings,
+the job is skipped (so re-running a sweep resumes it); holding a result or checkpoint of
+other settings, it is refused in one line naming the settings that differ, unless
+``rerun=true`` moves the old result aside; an unreadable ``summary.json`` is quarantined and
+the job runs again. Then everything that can be checked without processes is checked,
+before any is spawned (``gtopk.run.checks``: a one-line error naming the setting and the
+fix). A job runs under its run directory's lock, and a failed one is recorded and, in a
+sweep, passed over (``gtopk.run.jobs``). The workers are a ``gtopk.run.runner`` group: in a sweep (basic
 launcher) the next job of the same P, cluster, backend, threads and device reuses it; a
 failed job, a single run and a job under another launcher close it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -19,10 +23,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gtopk.records.rundir import SUMMARY
+from gtopk.records.identity import Verdict, fingerprint, identity, move_aside, quarantine, verdict, write_identity
+from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir
 from gtopk.run import checks, runner
 from gtopk.run.checks import ConfigError
 from gtopk.run.cluster import ClusterError
@@ -30,15 +35,19 @@ from gtopk.run.jobs import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     JobBusy,
+    agree_on_lock,
     in_basic_sweep,
     job_failed,
     job_lock,
     job_started,
     start_attempt,
+    torchrun_lock,
 )
 from gtopk.run.localprofile import measure_local
 from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.settings import check_rerun
 from gtopk.run.world import PortInUse, WorkerError, join_group
+from gtopk.train.checkpoint import saved_generation
 from gtopk.train.compute import MissingLocalProfile, ProfileError
 from gtopk.train.data import DataError
 from gtopk.train.loop import run_worker
@@ -48,17 +57,10 @@ BAD_INPUT = (ConfigError, DataError, PortInUse)  # one-line errors, raised befor
 
 def validate(cfg: DictConfig) -> None:
     """Bad input (``BAD_INPUT``), found without starting any process."""
-    checks.validate(cfg)
-    try:
-        get_class(cfg.reducer._target_)  # importable
-    except Exception as e:  # noqa: BLE001 - any import problem is a bad setting
-        raise ConfigError(
-            f"reducer._target_={cfg.reducer._target_} cannot be imported ({e}); "
-            "pick reducer=dense|topk|gtopk|ddp|ddp_fp16|powersgd or fix the class path"
-        ) from None
+    checks.validate(cfg)  # every node buildable (the reducer's class importable), one line each
     device, backend = placement(cfg)
     checks.reducer_settings(cfg, backend)
-    cluster = instantiate(cfg.cluster)
+    cluster = checks.build(cfg, "cluster")
     try:
         cluster.check_job(cfg)
     except ClusterError as e:
@@ -67,9 +69,9 @@ def validate(cfg: DictConfig) -> None:
         checks.machine_fits(cfg, device, cluster.processes(cfg.nodes))
     else:
         checks.local_gpus(device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    compute = instantiate(cfg.compute)
+    compute = checks.build(cfg, "compute")
     if compute.needs_data:
-        source = instantiate(cfg.data)
+        source = checks.build(cfg, "data")
         checks.data_fits(cfg, source.check())
         checks.model_takes(cfg, source.sample_shape())
 
@@ -84,7 +86,7 @@ def torchrun_world() -> tuple[int, int] | None:
 def placement(cfg: DictConfig) -> tuple[str, str]:
     """(device, backend) of this job: ``device`` and ``backend`` resolved by what its
     compute needs (``gtopk.run.checks.placement``; ConfigError for a pair that cannot run)."""
-    return checks.placement(cfg.device, cfg.backend, instantiate(cfg.compute).wants_gpu)
+    return checks.placement(cfg.device, cfg.backend, checks.build(cfg, "compute").wants_gpu)
 
 
 def settle_placement(cfg: DictConfig) -> str:
@@ -127,14 +129,27 @@ def run_job(cfg: DictConfig) -> float | None:
     job_started()
     try:
         try:
+            ident = job_identity(cfg)
+            first = decide(run_dir, ident, cfg)  # read-only: before any check of the machine
+            if first.action == "skip":
+                return skipped(run_dir, first.value)
             validate(cfg)
-            if torchrun_world() is not None:  # torchrun supervises; every rank shares run_dir
-                return _run(cfg, run_dir)
+            if (world := torchrun_world()) is not None:  # torchrun supervises; rank 0 holds run_dir's lock
+                with torchrun_lock(run_dir, world[0]) as refusal:
+                    now = decide(run_dir, ident, cfg, settle=world[0] == 0 and refusal is None)
+                    if now.action == "skip":
+                        return skipped(run_dir, now.value)
+                    return _run(cfg, run_dir, ident, refusal)
             with job_lock(run_dir):
-                return _run(cfg, run_dir)
+                now = decide(run_dir, ident, cfg, settle=True)  # again, under the lock
+                if now.action == "skip":
+                    return skipped(run_dir, now.value)
+                return _run(cfg, run_dir, ident)
         except BaseException:
             runner.close()  # a failed job leaves no workers behind: the next job starts afresh
             raise
+    except OtherSettings as e:
+        job_failed(run_dir, str(e), EXIT_BAD_INPUT)  # the folder's records are another run's: untouched
     except BAD_INPUT as e:
         job_failed(run_dir, str(e), EXIT_BAD_INPUT, {"type": type(e).__name__})
     except JobBusy as e:
@@ -160,6 +175,52 @@ def run_job(cfg: DictConfig) -> float | None:
     return None
 
 
+class OtherSettings(ConfigError):
+    """The run directory holds a result or checkpoint of other settings (and ``rerun`` is false)."""
+
+
+def job_identity(cfg: DictConfig) -> dict:
+    """The job's identity (``gtopk.records.identity.identity``); a config that does not
+    resolve is bad input (``validate``'s message first, where it names the setting)."""
+    try:
+        return identity(cfg)
+    except Exception as e:  # noqa: BLE001 - an interpolation that cannot resolve
+        validate(cfg)
+        raise ConfigError(f"the config does not resolve: {str(e).splitlines()[0]}") from None
+
+
+def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) -> Verdict:
+    """What the run directory holds for this job (local). ``settle`` (under the job's lock,
+    or on torchrun's rank 0): an unreadable ``summary.json`` is quarantined, and with
+    ``rerun=true`` a result of other settings is moved aside. Raises ``OtherSettings``
+    when such a result stays."""
+    rerun = check_rerun(cfg.get("rerun", False))
+    run = RunDir(run_dir)
+    if settle and run.summary.exists():
+        try:
+            run.read_summary()
+        except CorruptRecord as e:
+            quarantine(run.summary, str(e))
+    gen = saved_generation(run_dir) if run.checkpoints.exists() else None
+    saved = None if gen is None else gen.get("fingerprint")
+    v = verdict(run_dir, ident, saved, gen is not None)
+    if v.action != "refuse":
+        return v
+    if not rerun:
+        raise OtherSettings(v.why)
+    if settle:
+        dest = move_aside(run_dir)
+        print(f"rerun=true: the result of other settings moved to {dest}", flush=True)
+    return Verdict("run")
+
+
+def skipped(run_dir: Path, value: float | None) -> float | None:
+    print(
+        f"{job_position()}: skipping {run_dir}: finished with these settings (another name= runs it again)", flush=True
+    )
+    return value
+
+
 def resolve_compute(cfg: DictConfig) -> None:
     """Write what the compute settles before any worker starts (replay's t_compute) into
     ``cfg.compute``; a local profile without this job's entry is measured first."""
@@ -175,21 +236,21 @@ def resolve_compute(cfg: DictConfig) -> None:
         cfg.compute.update(settings)
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> float | None:
-    """The job itself (under its lock unless torchrun started it)."""
+def _run(cfg: DictConfig, run_dir: Path, ident: dict, refusal: JobBusy | None = None) -> float | None:
+    """The job itself (under its lock; under torchrun, rank 0 holds it or ``refusal`` says
+    why not), its run directory free or holding work of the same settings (``decide``)."""
     summary_path = run_dir / SUMMARY
-    if summary_path.exists():
-        print(f"{job_position()}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
-        return json.loads(summary_path.read_text()).get("images_per_s_per_worker")
     backend = settle_placement(cfg)
     resolve_compute(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict["fingerprint"] = fingerprint(ident)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = torchrun_world()
     if world is None:
         cfg_dict["attempt"] = attempt = start_attempt(run_dir)
         again = f", attempt {attempt}" if attempt > 1 else ""
         print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend}{again})", flush=True)
+        write_identity(run_dir, ident)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         cluster = instantiate(cfg.cluster)  # its processes run its entry (cluster=simulated: one for all)
         summary = run_on_cluster(
@@ -208,10 +269,12 @@ def _run(cfg: DictConfig, run_dir: Path) -> float | None:
             raise ConfigError(
                 f"cluster={cfg.cluster_name} under torchrun: torchrun's world is the cluster; pass cluster=local"
             )
-        if rank == 0:
+        if rank == 0 and refusal is None:  # rank 0 holds run_dir's lock (torchrun_lock)
+            write_identity(run_dir, ident)
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         join_group(backend, cfg.timeout_s, cfg.collective_timeout_s)
         try:
+            agree_on_lock(refusal)  # collective: rank 0 was refused -> JobBusy on every rank (exit 2)
             summary = run_worker(rank, size, cfg_dict, str(run_dir))
         finally:
             dist.destroy_process_group()

@@ -39,7 +39,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, git_commit, read_jsonl, write_json_atomic
+from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, read_jsonl, write_json_atomic
+from gtopk.records.summary import git_commit
 from gtopk.run import runner
 
 log = logging.getLogger("gtopk")

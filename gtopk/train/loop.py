@@ -20,9 +20,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.host import Clock, heartbeat, one_thread
+from gtopk.records.identity import summary_fields
 from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
-from gtopk.records.rundir import JsonLines, RunDir, environment, read_jsonl, summarize, write_json_atomic
+from gtopk.records.rundir import JsonLines, RunDir, read_jsonl, write_json_atomic
+from gtopk.records.summary import environment, summarize
 from gtopk.reducers.base import ReduceRecord
 from gtopk.train.backward import Backward
 from gtopk.train.budget import timed_steps
@@ -198,6 +200,7 @@ def run_worker(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict | No
         "grad_accum_steps": cfg.grad_accum,
         "device": str(device),
         "backend": dist.get_backend(),
+        **summary_fields(cfg),  # the config's fingerprint: what a re-run compares
         **w.compute.describe(),
         **instantiate(cfg.cluster).describe(),
     }
@@ -269,8 +272,8 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
     lr_at = LRSchedule(cfg.model.lr, w.world, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
     density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
     run = RunDir(w.run_dir)
-    ckpt = Checkpoints(run, w.rank)
-    start = ckpt.load(w)  # next epoch to run (0 when starting fresh)
+    ckpt = Checkpoints(run, w.rank, w.world, cfg.get("fingerprint"))  # generations (gtopk.train.checkpoint)
+    start = ckpt.load(w)  # collective: the next epoch to run (0 when starting fresh)
     if start:
         progress.show(f"resuming from the checkpoint of epoch {start - 1}", force=True)
     per_epoch = len(w.train_loader) // cfg.grad_accum
@@ -298,7 +301,7 @@ def train(w: Worker, cfg: DictConfig, logger, progress: Progress) -> None:
             progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {row['loss']:.3f}")
         metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
         metrics["coverage"] = coverage(w.rows, w.m)  # so far: this rank's rows of every epoch run
-        ckpt.save(w, epoch, metrics)  # before the epoch is recorded: a recorded epoch is never re-run
+        ckpt.save(w, epoch, metrics)  # complete before the epoch is recorded: a recorded epoch is never re-run
         if epochs_log:
             epochs_log.write(metrics)
             progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)

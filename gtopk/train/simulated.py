@@ -35,17 +35,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.host import heartbeat
+from gtopk.records.identity import summary_fields
 from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
-from gtopk.records.rundir import (
-    SIMULATED_BACKEND,
-    JsonLines,
-    RunDir,
-    environment,
-    read_jsonl,
-    summarize,
-    write_json_atomic,
-)
+from gtopk.records.rundir import JsonLines, RunDir, read_jsonl, write_json_atomic
+from gtopk.records.summary import SIMULATED_BACKEND, environment, summarize
 from gtopk.train.faults import NonFiniteGradient
 from gtopk.train.loop import _record, pick_device
 from gtopk.train.memory import reset_peak_rss
@@ -79,6 +73,7 @@ def run_simulated(rank: int, world: int, cfg_dict: dict, run_dir: str) -> dict:
         "backend": BACKEND,
         "threads_per_worker": torch.get_num_threads(),
         "batched": w.batched is not None,  # the P gradients in one pass (cluster.batched), not one by one
+        **summary_fields(cfg),  # the config's fingerprint: what a re-run compares
         **w.compute.describe(),
         **instantiate(cfg.cluster).describe(),
     }
@@ -150,7 +145,7 @@ def train(w: SimulatedWorker, cfg: DictConfig, logger, progress: Progress) -> No
             progress.show(f"epoch {epoch + 1}/{cfg.train.epochs} iter {it + 1}/{per_epoch} loss {losses[-1]:.3f}")
         metrics = {"epoch": epoch, "train_loss": sum(losses) / max(1, len(losses)), **w.evaluate()}
         metrics["coverage"] = coverage(w.ranks[0].rows, w.m)  # so far: rank 0's rows of every epoch run
-        w.save(epoch, metrics)  # before the epoch is recorded: a recorded epoch is never re-run
+        w.save(epoch, metrics)  # complete (manifest) before the epoch is recorded: never re-run once recorded
         epochs_log.write(metrics)
         progress.show(f"epoch {epoch + 1} done: {metrics}", force=True)
         if logger:

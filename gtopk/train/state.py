@@ -1,15 +1,18 @@
-"""Model state across ranks: identical initial weights, per-epoch checkpoints, the final weights' fingerprint."""
+"""Model state across ranks: identical initial weights, per-epoch checkpoints (their files:
+``gtopk.train.checkpoint``), the final weights' fingerprint."""
 
 from __future__ import annotations
 
 import hashlib
-import os
+import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from gtopk.records.rundir import RunDir
+from gtopk.train.checkpoint import Store, check_settings, choose, legacy_manifest, passed_over
+from gtopk.train.checkpoint import saved_generation as saved_generation  # job.py's check before workers start
 
 
 def broadcast_and_check(model: nn.Module) -> None:
@@ -102,54 +105,61 @@ def restore(model: nn.Module, opt, reducer, state: dict, device: torch.device) -
 
 
 class Checkpoints:
-    """One file per rank (``RunDir.checkpoint(rank)``), rewritten each epoch: model,
-    optimiser, the reducer's ``state_dict()`` (its error-feedback residual, which is per
-    rank), the rank's RNG state (so a resumed job draws what an uninterrupted one would:
-    bit-identical with ``train.loader_workers=0``) and the epoch's metrics (``snapshot``).
-    Saved atomically; ``load`` returns the next epoch to run and leaves the restored epoch's
-    metrics in ``metrics`` (so that a crash between saving an epoch and recording it loses
-    no record). Files of older formats (the residual under ``"residual"``; no RNG) load too."""
+    """A distributed job's checkpoint generations (``gtopk.train.checkpoint``): per epoch,
+    every rank's file (model, optimiser, the reducer's ``state_dict()``: its error-feedback
+    residual is per rank, the rank's RNG state, so a resumed job draws what an uninterrupted
+    one would, bit-identical with ``train.loader_workers=0``, and the epoch's metrics:
+    ``snapshot``), then rank 0's manifest. ``load`` returns the next epoch to run and leaves
+    the restored epoch's metrics in ``metrics`` (so that a crash between saving an epoch and
+    recording it loses no record). Rank 0 reads the manifests and tells the others; each rank
+    checks and reads only its own file, so hosts need not share the folder except for rank
+    0's manifest. Files of older formats (the residual under ``"residual"``; no RNG; the one
+    file per rank of the layout before generations) load too."""
 
-    def __init__(self, run: RunDir, rank: int):
-        self.path, self.rank = run.checkpoint(rank), rank
+    def __init__(self, run: RunDir, rank: int, world: int, fingerprint: str | None = None):
+        self.store, self.rank, self.world, self.fingerprint = Store(run, world), rank, world, fingerprint
         self.metrics: dict | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        run.checkpoints.mkdir(parents=True, exist_ok=True)
 
     def save(self, w, epoch: int, metrics: dict | None = None) -> None:
-        """Collective (a barrier after every rank saved)."""
-        self.write(snapshot(w.model, w.opt, w.reducer, epoch, metrics, w.device))
-        dist.barrier()  # every rank has its epoch saved before anyone moves on
-
-    def write(self, state: dict) -> None:
-        """Local. Replace this rank's file with ``state``, atomically."""
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.path)
-
-    def read(self, device: torch.device) -> dict | None:
-        """Local. This rank's saved state, or None."""
-        return torch.load(self.path, map_location=device) if self.path.exists() else None
+        """Collective (all_gather_object of the files' entries, after every rank wrote its
+        file; a barrier after rank 0 wrote the manifest). Older generations are pruned after."""
+        entry = self.store.write(epoch, self.rank, snapshot(w.model, w.opt, w.reducer, epoch, metrics, w.device))
+        entries: list = [None] * self.world
+        dist.all_gather_object(entries, entry)  # every rank's file is in place
+        if self.rank == 0:
+            self.store.commit(epoch, entries, self.fingerprint)
+        dist.barrier()  # the generation is complete before anyone moves on (or prunes)
+        self.store.complete = [*self.store.complete[-1:], epoch]
+        self.store.link(epoch, self.rank)
+        self.store.prune(set(self.store.complete), None if self.rank == 0 else self.rank)
 
     def load(self, w) -> int:
-        """Collective. Resume from the last epoch all ranks saved; 0 if none."""
-        state = self.read(w.device)
-        epoch = torch.tensor([state["epoch"] if state else -1], device=w.device)
-        lowest = epoch.clone()
-        dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
-        if state is None or lowest.item() != epoch.item():
-            return 0 if lowest.item() < 0 else self._restore(w, state, lowest.item())
-        return self._restore(w, state, epoch.item())
-
-    def _restore(self, w, state: dict, epoch: int) -> int:
-        if state["epoch"] != epoch:
-            raise RuntimeError(
-                f"rank {self.rank} holds a checkpoint of epoch {state['epoch']}, "
-                f"others of epoch {epoch}; delete {self.path.parent} to start over"
-            )
-        restore(w.model, w.opt, w.reducer, state, w.device)
-        self.metrics = state.get("metrics")
-        assert_identical(w.model)
-        return epoch + 1
+        """Collective. Resume from the newest generation complete and intact on every rank
+        (0: none); generations that are not are removed."""
+        found = [self.store.manifests() if self.rank == 0 else None]
+        dist.broadcast_object_list(found, src=0)
+        manifests = found[0]
+        check_settings(manifests, self.world, self.fingerprint, self.store.run)  # the same verdict everywhere
+        mine = ([self.store.matches(m, self.rank) for m in manifests], self.store.legacy_epoch(self.rank))
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, mine)
+        valid = [all(flags[i] for flags, _ in everyone) for i in range(len(manifests))]
+        chosen, keep = choose(manifests, valid)
+        if chosen is None:
+            chosen = legacy_manifest([e for _, e in everyone], self.store.run)
+        if self.rank == 0:
+            for line in passed_over(manifests, valid, chosen):
+                print(f"warning: {line}", file=sys.stderr, flush=True)
+        self.store.complete = sorted(keep)
+        self.store.prune(keep, None if self.rank == 0 else self.rank, newer=True)
+        if chosen is not None:
+            state = self.store.read(chosen, self.rank, w.device)
+            restore(w.model, w.opt, w.reducer, state, w.device)
+            self.metrics = state.get("metrics")
+            assert_identical(w.model)
+        dist.barrier()  # pruned before anyone writes the next generation
+        return 0 if chosen is None else chosen["epoch"] + 1
 
 
 def _reducer_state(state: dict) -> dict:

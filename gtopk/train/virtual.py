@@ -43,11 +43,12 @@ from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.inprocess import residual_matrix
 from gtopk.train.backward import Backward
 from gtopk.train.batched import BatchedGradients, use_batched
+from gtopk.train.checkpoint import Store
 from gtopk.train.data import build_loader
 from gtopk.train.faults import ON_GRADIENT, FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite
 from gtopk.train.flatgrad import flat_grads, views_intact
 from gtopk.train.loop import Worker
-from gtopk.train.state import Checkpoints, restore, rng_state, set_rng_state, snapshot
+from gtopk.train.state import restore, rng_state, set_rng_state, snapshot
 
 
 class VirtualRank:
@@ -69,7 +70,6 @@ class VirtualRank:
         self.rows: list[dict] = []
         self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)
         self.guard = NonFiniteGuard(cfg.get("nonfinite", "stop"), rank, world)
-        self.ckpt = Checkpoints(RunDir(run_dir), rank)
 
 
 class SimulatedWorker:
@@ -101,6 +101,7 @@ class SimulatedWorker:
         start = rng_state(device)
         self.ranks = [VirtualRank(i, world, cfg, run_dir, sets, self.buffers, start) for i in range(world)]
         self.reducer = self.ranks[0].reducer  # settings (density) as the job reports them
+        self.store = Store(RunDir(run_dir), world)  # checkpoint generations (gtopk.train.checkpoint)
         self.batched: BatchedGradients | None = None
         self.accumulated = False  # this step's gradients went straight into the residuals
         setting = cfg.cluster.get("batched", False)
@@ -278,29 +279,29 @@ class SimulatedWorker:
         return {"test_loss": loss / count, "test_top1": correct / count}
 
     def save(self, epoch: int, metrics: dict) -> None:
-        """Every rank's checkpoint file, in the distributed format (its own BN statistics,
-        residual and RNG state)."""
-        for vr in self.ranks:
-            with self.active(vr):
-                vr.ckpt.write(snapshot(self.model, self.opt, vr.reducer, epoch, metrics, self.device))
+        """Generation ``epoch`` (``Store.save_all``): every rank's file in the distributed
+        format (its own BN statistics, residual and RNG state), then the manifest."""
+
+        def states() -> Iterator[dict]:
+            for vr in self.ranks:
+                with self.active(vr):
+                    state = snapshot(self.model, self.opt, vr.reducer, epoch, metrics, self.device)
+                yield state
+
+        self.store.save_all(epoch, states(), self.cfg.get("fingerprint"))
 
     def load(self) -> tuple[int, dict | None]:
-        """Resume from the last epoch every rank saved: (next epoch, its metrics), or (0, None)."""
-        states = [vr.ckpt.read(self.device) for vr in self.ranks]
-        epochs = [-1 if s is None else s["epoch"] for s in states]
-        lowest = min(epochs)
-        if lowest < 0:
+        """Resume from the newest generation intact on every rank (``Store.load_all``):
+        (next epoch, its metrics), or (0, None)."""
+        chosen, states = self.store.load_all(self.cfg.get("fingerprint"), self.device)
+        if chosen is None:
             return 0, None
-        for rank, (epoch, state) in enumerate(zip(epochs, states)):
-            if epoch != lowest:
+        for rank, state in enumerate(states):
+            if not all(torch.equal(state["model"][n], states[0]["model"][n]) for n, _ in self.model.named_parameters()):
                 raise RuntimeError(
-                    f"rank {rank} holds a checkpoint of epoch {epoch}, others of epoch {lowest}; "
-                    f"delete {self.ranks[0].ckpt.path.parent} to start over"
+                    f"rank {rank}'s checkpoint of epoch {chosen['epoch']} holds other weights than rank 0's"
                 )
-            same = all(torch.equal(state["model"][n], states[0]["model"][n]) for n, _ in self.model.named_parameters())
-            if not same:
-                raise RuntimeError(f"rank {rank}'s checkpoint holds other weights than rank 0's")
         for vr, state in zip(self.ranks, states):
             with self.active(vr):
                 restore(self.model, self.opt, vr.reducer, state, self.device)
-        return lowest + 1, states[0].get("metrics")
+        return chosen["epoch"] + 1, states[0].get("metrics")

@@ -4,16 +4,18 @@ possible, and no hang where a rank's input differs from the others'."""
 from __future__ import annotations
 
 import multiprocessing
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from gtopk.reducers import GTopKReducer, TopKReducer, validate_density
-from gtopk.run.checks import unknown_choice
+from gtopk.run.overrides import unknown_choice
 from gtopk.run.spawn import PortInUse, WorkerError, listen, spawn
 from gtopk.train.datagen import write_cifar10
 from tests.config import CONF, options
-from tests.procs import FAST, one_line_error, run
+from tests.procs import FAST, ROOT, one_line_error, run
 from tests.workers import bad_gradient, fail_on_rank1
 
 
@@ -72,16 +74,23 @@ def test_unknown_group_choice_lists_the_files_of_that_group(group):
     assert unknown_choice([f"{group}={c}" for c in choices] + ["nodes=3", "hydra.run.dir=x"], CONF) is None
 
 
-def _expect_one_line(tmp_path: Path, args: list[str], *fragments: str) -> None:
+def _expect_one_line(tmp_path: Path, args: list[str], *fragments: str, run_dir: bool = True) -> float:
+    """run.py with ``args`` (after FAST's settings, and ``hydra.run.dir`` in ``tmp_path``
+    unless ``run_dir`` is false) exits 2 with one ``error:`` line holding ``fragments``,
+    and no worker started; returns the seconds it took."""
     fast = FAST if not any(a.startswith("data=") for a in args) else ["logger.wandb=false"]
-    done = run(*fast, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    where = [f"hydra.run.dir={tmp_path / 'run'}"] if run_dir else []
+    start = time.monotonic()
+    done = run(*fast, *args, *where)
     assert done.returncode == 2, done.stderr[-3000:]
     line = one_line_error(done.stderr)
     assert line.startswith("error: ") and "Traceback" not in done.stdout + done.stderr
     for fragment in fragments:
         assert fragment in line, line
     assert not list((tmp_path / "run").glob("iters.rank*.jsonl")) and "workers" not in done.stdout
+    assert not (tmp_path / "run" / "attempts.jsonl").exists()
     assert not done.left
+    return done.ended - start
 
 
 #: slow in ``make test``: the same check and path as a faster case kept there (reducer=nope,
@@ -156,6 +165,42 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
         (["reducer=powersgd", "reducer.start_powerSGD_iter=1"], ["reducer.start_powerSGD_iter=1 must be >= 2"]),
         (["reducer=powersgd", "reducer.matrix_approximation_rank=0"], ["reducer.matrix_approximation_rank=0"]),
         (["reducer=powersgd", "reducer.warm_start=maybe"], ["reducer.warm_start='maybe' must be true or false"]),
+        # the recipe's values (gtopk.run.settings): each used to start the workers, or run
+        (["model.lr=nan"], ["model.lr=nan must be a finite number > 0", "model.lr=0.1"]),
+        (["model.lr=inf"], ["model.lr=inf must be a finite number > 0"]),
+        (["model.lr=-1"], ["model.lr=-1 must be a finite number > 0"]),
+        (["model.lr=fast"], ["model.lr='fast' must be a finite number"]),
+        (["model.momentum=-0.5"], ["model.momentum=-0.5 must be a finite number in [0, 1)"]),
+        (["model.weight_decay=-1e-4"], ["model.weight_decay=-0.0001 must be a finite number >= 0"]),
+        (["model.lr_milestones=5"], ["model.lr_milestones=5 must be a list of epochs"]),
+        (["mode=train", "train.epochs=0"], ["train.epochs=0 must be an integer >= 1", "model.epochs"]),
+        (
+            ["mode=train", "train.epochs=1", "train.max_iters_per_epoch=1"],
+            ["benchmark.warmup=1 leaves no iteration to time", "x 1 iterations per epoch = 1", "benchmark.warmup=0"],
+        ),
+        (
+            ["mode=train", "nodes=2", "train.epochs=2", "benchmark.warmup=16"],  # 64 samples / (2 x 4) = 8 per epoch
+            ["benchmark.warmup=16 leaves no iteration to time", "train.epochs=2 x 8 iterations per epoch = 16"],
+        ),
+        (["train.density_warmup.density=0"], ["train.density_warmup.density=0 must be a number in (0, 1]"]),
+        (["train.density_warmup.density=2"], ["train.density_warmup.density=2 must be a number in (0, 1]"]),
+        (["train.density_warmup.epochs=-1"], ["train.density_warmup.epochs=-1 must be an integer >= 0"]),
+        (["train.density_warmup.epochs=0.5"], ["train.density_warmup.epochs=0.5 must be an integer >= 0"]),
+        (["benchmark.warmup=-1"], ["benchmark.warmup=-1 must be an integer >= 0"]),
+        (["train.loader_workers=-1"], ["train.loader_workers=-1 must be an integer in [0, 1024]"]),
+        (["name=../../x"], ["name='../../x' holds a path separator", "plain folder name"]),
+        (["name=.."], ["name='..' names no folder of its own"]),
+        (["seed=-1"], ["seed=-1 must be an integer in [0, 4294967295]"]),
+        (["timeout_s=nan"], ["timeout_s=nan must be a number of seconds > 0"]),
+        (["collective_timeout_s=1e300"], ["collective_timeout_s=1e+300 must be a number of seconds > 0"]),
+        (["benchmark.budget_s=inf"], ["benchmark.budget_s=inf must be a number of seconds > 0"]),
+        (["threads_per_worker=100000"], ["threads_per_worker=100000 must be an integer >= 1"]),
+        (["data.train_size=abc"], ["data.train_size='abc' must be an integer >= 1"]),
+        (["data.train_size=2"], ["synthetic's 2 training samples", "(data.train_size)"]),
+        # a config node its class rejects (hydra's InstantiationException): one line naming it
+        (["cluster=emulated", "cluster.bandwidth=fast"], ["cluster.bandwidth='fast'", "1gbit"]),
+        (["model.net.num_classes=-1"], ["model.net of model=resnet20 cannot be built", "negative dimension"]),
+        (["compute._target_=gtopk.nope.Compute"], ["compute=measured cannot be built", "gtopk.nope"]),
     ],
 )
 def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):
@@ -170,6 +215,34 @@ def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):
     for fragment in fragments:
         assert fragment in line, line
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["model.lr=nan"], ["model.lr=nan must be a finite number > 0"]),  # was: NaN weights, then every rank failed
+        (  # was: trained, then failed at the summary (and again at every re-run)
+            ["mode=train", "train.epochs=1", "train.max_iters_per_epoch=1"],
+            ["benchmark.warmup=1 leaves no iteration to time"],
+        ),
+        (["cluster=emulated", "cluster.bandwidth=fast"], ["cluster.bandwidth='fast'"]),  # was: Hydra's exception
+        (["nodes=["], ["override 'nodes=[' cannot be parsed", "nodes="]),  # was: Hydra's report, exit 1
+    ],
+)
+def test_recipe_node_and_parse_errors_are_one_line_before_any_worker(tmp_path, args, fragments):
+    """Through run.py, one of each path: a recipe value (the job's checks), the training
+    length (with the data's size), a config node its class rejects, a malformed override
+    (before Hydra); the other values are checked in-process above."""
+    _expect_one_line(tmp_path, args, *fragments)
+
+
+def test_a_name_outside_runs_is_refused_before_hydra_makes_any_folder(tmp_path):
+    """``name=../../x`` would put the run folder two levels above ``runs/``: refused before
+    Hydra creates it (Hydra makes the run folder before the job starts)."""
+    escape = f"gtopk-test-{uuid.uuid4().hex[:8]}"
+    outside = (ROOT / "runs" / ".." / ".." / escape).resolve()
+    _expect_one_line(tmp_path, [f"name=../../{escape}"], f"name='../../{escape}' holds a path separator", run_dir=False)
+    assert not outside.exists() and not (ROOT / "runs" / escape).exists()
 
 
 def test_missing_and_corrupt_dataset_are_one_line(tmp_path):

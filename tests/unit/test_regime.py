@@ -9,7 +9,7 @@ import math
 import pytest
 
 from gtopk.records.regime import accuracy_trend, coverage, summary_fields, trend
-from gtopk.records.rundir import summarize
+from gtopk.records.summary import summarize
 
 
 def test_coverage_counts_each_iteration_once_as_update_nnz_over_m():

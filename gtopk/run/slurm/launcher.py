@@ -2,8 +2,11 @@
 with the sweep semantics of the basic launcher. submitit submits the jobs (one SLURM array)
 and runs each one in its SLURM job; this subclass adds, in the submitting process:
 
-* a job whose ``summary.json`` exists is not submitted: it is listed as skipped, as the
-  basic launcher's job does (``gtopk.run.job``), so re-running a sweep resumes it;
+* a job whose run directory is finished with the same settings (its config's fingerprint,
+  ``gtopk.records.identity``) is not submitted: it is listed as skipped, as the basic
+  launcher's job does (``gtopk.run.job``), so re-running a sweep resumes it; one whose
+  folder holds a result of other settings is not submitted either (without ``rerun=true``)
+  and is listed as failed with the one line that names the settings that differ;
 * every job is waited for, and the ones that did not finish (``failed.json``'s one-line
   error, or the SLURM job's own end) are handed to ``gtopk.run.jobs.FailedJobs``, which
   lists them at the end of the sweep and exits 1, as for a local sweep.
@@ -16,21 +19,25 @@ without accounting (``sacct``) the submitting process would wait for a result fo
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
-from gtopk.records.rundir import FAILED, SUMMARY
+from gtopk.records.identity import Verdict
+from gtopk.records.rundir import FAILED
 from gtopk.run.jobs import Failure, ran_elsewhere
 
 log = logging.getLogger(__name__)
@@ -61,9 +68,30 @@ class SweepSlurmLauncher(SlurmLauncher):
 
     def run_dir(self, overrides: Sequence[str]) -> Path:
         """The run directory of the job with ``overrides`` (as the job will compute it)."""
+        return self._job(overrides)[0]
+
+    def _job(self, overrides: Sequence[str]) -> tuple[Path, Any]:
+        """(run directory, the job's config as its task function will see it)."""
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        HydraConfig.instance().set_config(cfg)  # ${hydra:runtime.choices.*} resolve as in the job
+        task = copy.deepcopy(cfg)
+        with open_dict(task):
+            del task["hydra"]
+        return run_dir, task
+
+    def _verdict(self, overrides: Sequence[str]) -> tuple[Path, Verdict]:
+        """What the job's run directory holds for it (``gtopk.run.job.decide``'s read-only part)."""
+        from gtopk.run.job import OtherSettings, decide, job_identity
+
+        run_dir, task = self._job(overrides)
+        try:
+            return run_dir, decide(run_dir, job_identity(task), task)
+        except OtherSettings as e:
+            return run_dir, Verdict("refuse", str(e))
+        except Exception:  # noqa: BLE001 - bad input: the job itself reports it in its one line
+            return run_dir, Verdict("run")
 
     def _executor(self) -> Any:
         """submitit's executor with this launcher's parameters (as the plugin builds it)."""
@@ -91,16 +119,20 @@ class SweepSlurmLauncher(SlurmLauncher):
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
         n = len(job_overrides)
         returns: dict[int, JobReturn] = {}
-        pending = []
+        pending, refused = [], []
         for i, overrides in enumerate(job_overrides):
-            idx, run_dir = initial_job_idx + i, self.run_dir(overrides)
-            if (run_dir / SUMMARY).exists():
-                print(f"job {idx + 1} of {n}: skipping {run_dir}: {SUMMARY} exists (delete it to re-run)", flush=True)
-                value = json.loads((run_dir / SUMMARY).read_text()).get("images_per_s_per_worker")
-                returns[idx] = _finished(overrides, run_dir, value)
+            idx = initial_job_idx + i
+            run_dir, v = self._verdict(overrides)
+            if v.action == "skip":
+                print(f"job {idx + 1} of {n}: skipping {run_dir}: finished with these settings", flush=True)
+                returns[idx] = _finished(overrides, run_dir, v.value)
+            elif v.action == "refuse":
+                print(f"job {idx + 1} of {n}: not submitted: {v.why}", file=sys.stderr, flush=True)
+                refused.append(Failure(str(run_dir), v.why, None))
+                returns[idx] = _finished(overrides, run_dir, None)
             else:
                 pending.append((idx, list(overrides), run_dir))
-        failures = []
+        failures = refused
         if pending:
             state = Singleton.get_state()
             params = [(o, "hydra.sweep.dir", idx, f"job_id_for_{idx}", state) for idx, o, _ in pending]

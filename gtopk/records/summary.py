@@ -1,0 +1,105 @@
+"""What ``summary.json`` holds: the job's medians over its post-warm-up iterations
+(``summarize``), the environment it ran in (``environment``: versions, device, CPU/GPU, git
+commit) and, for training, the coverage and top-1 trend (``gtopk.records.regime``)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from gtopk.records.regime import summary_fields
+
+TIMINGS = ("t_data", "t_compute", "t_compr", "t_commu", "t_update", "t_iter")
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+#: ``summary.json``'s ``backend`` of a ``cluster=simulated`` run (no torch.distributed backend: its P
+#: ranks are one process; ``gtopk.train.simulated`` writes it, ``analysis.training`` reads it)
+SIMULATED_BACKEND = "in-process"
+
+
+def environment(device: str, backend: str) -> dict:
+    import hydra
+    import torchvision
+
+    import gtopk
+
+    env = {
+        "gtopk": gtopk.__version__,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "hydra": hydra.__version__,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "device": device,
+        "backend": backend,
+        "cuda": torch.version.cuda,
+        "gpu": None,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            env["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), env["cpu"])
+    except OSError:
+        pass
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return env
+
+
+def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: Iterable[dict] | None = None) -> dict:
+    """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
+    slowest and where it is fastest both count); steps skipped for a non-finite gradient
+    are counted (iterations), not timed. Training runs (``meta["mode"]``) also carry the
+    coverage of all their iterations and, given the ``epochs`` rows, the trend of the test
+    top-1 at the end (``gtopk.records.regime.summary_fields``)."""
+    rows = list(rows)
+    regime = summary_fields(rows, meta["params"], epochs) if meta.get("mode") == "train" else {}
+    rows = [r for r in rows if not r.get("warmup")]
+    skipped = len({r.get("iter") for r in rows if r.get("nonfinite")})
+    rows = [r for r in rows if not r.get("nonfinite")]
+    if not rows:
+        raise ValueError("no post-warm-up iterations were recorded; raise benchmark.iters")
+    med = {k: statistics.median(r[k] for r in rows) for k in TIMINGS}
+    out = dict(meta)
+    out.update(med)
+    out["iterations"] = len(rows)
+    out["steps_skipped_nonfinite"] = skipped
+    out["images_per_s_per_worker"] = images_per_iter / med["t_iter"]
+    out["bytes_sent_per_iter"] = statistics.median(r["bytes_sent"] for r in rows)
+    out["bytes_recv_per_iter"] = statistics.median(r["bytes_recv"] for r in rows)
+    payload = [r["payload_bytes"] for r in rows if r.get("payload_bytes") is not None]
+    out["payload_bytes_per_iter"] = statistics.median(payload) if payload else None  # DDP and its hook baselines
+    # t_commu of the rank that entered each step's collective last (it waited for no
+    # other rank's compute or selection): the collective's own time, skew excluded
+    by_iter: dict = {}
+    for r in rows:
+        by_iter.setdefault(r.get("iter"), []).append(r["t_commu"])
+    out["t_commu_last_arrival"] = statistics.median(min(v) for v in by_iter.values())
+    out["t_merge"] = statistics.median(r.get("t_merge", 0.0) for r in rows)
+    # DDP: its all-reduce window inside backward (hidden or not; the unhidden part is in t_commu)
+    out["t_commu_backward"] = statistics.median(r.get("t_commu_backward", 0.0) for r in rows)
+    # the largest worker's peak resident memory in the job (MiB; rows of older runs lack it)
+    out["rss_peak_mb"] = max(r.get("rss_peak_mb", 0.0) for r in rows)
+    out.update(regime)
+    return out
