@@ -151,3 +151,23 @@ def cifar_train(data: Path, reducer: str, *extra: str) -> list[str]:
         "model.batch_size.train=16",
         "logger.wandb=false",
     ]
+
+
+def simulated_train(nodes: int = 3, epochs: int = 2, train_size: int = 144, test_size: int = 24) -> list[str]:
+    """run.py overrides of a short ``cluster=simulated`` gTop-k training job on the offline
+    digits at 16 x 16: ``epochs`` epochs of 2 steps of 8 images per rank, no wandb."""
+    return [
+        "cluster=simulated",
+        "mode=train",
+        f"nodes={nodes}",
+        "reducer=gtopk",
+        "density=0.01",
+        "data=digits",
+        "data.image_size=16",
+        f"data.train_size={train_size}",
+        f"data.test_size={test_size}",
+        "batch_size=8",
+        f"train.epochs={epochs}",
+        "train.max_iters_per_epoch=2",
+        "logger.wandb=false",
+    ]

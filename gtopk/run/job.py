@@ -201,7 +201,7 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
             run.read_summary()
         except CorruptRecord as e:
             quarantine(run.summary, str(e))
-    gen = saved_generation(run_dir) if run.checkpoints.exists() else None
+    gen = saved_generation(run_dir, verify=False) if run.checkpoints.exists() else None  # the workers verify
     saved = None if gen is None else gen.get("fingerprint")
     v = verdict(run_dir, ident, saved, gen is not None)
     if v.action != "refuse":

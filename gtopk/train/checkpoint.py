@@ -291,15 +291,17 @@ def passed_over(manifests: list[dict], valid: list[bool], chosen: dict | None) -
     ]
 
 
-def saved_generation(run_dir: Path) -> dict | None:
+def saved_generation(run_dir: Path, verify: bool = True) -> dict | None:
     """Local, read-only. The newest complete generation's manifest (epoch, world,
     fingerprint, files) under ``run_dir``: its manifest well-formed and every rank file
-    matching it (reads them to check their sha256). Else the old layout's files, when
-    every rank's holds the same epoch (``legacy``: True, ``fingerprint`` None); else None."""
+    matching it (``verify``: reads them to check their sha256; else their sizes only, which
+    is what a job needs to learn the fingerprint: every generation of a folder has one).
+    Else the old layout's files, when every rank's holds the same epoch (``legacy``: True,
+    ``fingerprint`` None); else None."""
     run = RunDir(run_dir)
     store = Store(run, 0)
     for m in store.manifests():
-        if all(store.matches(m, r) for r in range(m["world"])):
+        if all(store.matches(m, r) if verify else _size_matches(store, m, r) for r in range(m["world"])):
             return m
     try:  # the old layout: as many files as the job's ranks (config.yaml), else as are there
         world = int(run.read_config()["nodes"])
@@ -311,3 +313,10 @@ def saved_generation(run_dir: Path) -> dict | None:
         return legacy_manifest([store.legacy_epoch(r) for r in range(world)], run)
     except RuntimeError:  # unreadable, or of different epochs: the workers stop, saying why
         return None
+
+
+def _size_matches(store: Store, manifest: dict, rank: int) -> bool:
+    try:
+        return store.path(manifest, rank).stat().st_size == manifest["files"][rank]["bytes"]
+    except OSError:
+        return False

@@ -221,11 +221,16 @@ def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):
     "args,fragments",
     [
         (["model.lr=nan"], ["model.lr=nan must be a finite number > 0"]),  # was: NaN weights, then every rank failed
-        (  # was: trained, then failed at the summary (and again at every re-run)
+        pytest.param(  # was: trained, then failed at the summary (and again at every re-run)
             ["mode=train", "train.epochs=1", "train.max_iters_per_epoch=1"],
             ["benchmark.warmup=1 leaves no iteration to time"],
+            marks=pytest.mark.slow,  # in make test in-process (test_bad_setting_is_one_line_from_the_job_checks)
         ),
-        (["cluster=emulated", "cluster.bandwidth=fast"], ["cluster.bandwidth='fast'"]),  # was: Hydra's exception
+        pytest.param(  # was: Hydra's exception
+            ["cluster=emulated", "cluster.bandwidth=fast"],
+            ["cluster.bandwidth='fast'"],
+            marks=pytest.mark.slow,  # in make test in-process, as above
+        ),
         (["nodes=["], ["override 'nodes=[' cannot be parsed", "nodes="]),  # was: Hydra's report, exit 1
     ],
 )

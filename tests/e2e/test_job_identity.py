@@ -7,27 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from omegaconf import OmegaConf
 
 from gtopk.records.rundir import SUPERSEDED, RunDir
 from gtopk.run.world import listen
-from tests.procs import FAST, one_line_error, run
+from tests.procs import FAST, one_line_error, run, simulated_train
 
-SIMULATED_TRAIN = [
-    "cluster=simulated",
-    "mode=train",
-    "nodes=2",
-    "reducer=gtopk",
-    "density=0.01",
-    "data=digits",
-    "data.image_size=16",
-    "data.train_size=96",
-    "data.test_size=16",
-    "batch_size=8",
-    "train.epochs=2",
-    "train.max_iters_per_epoch=2",
-    "logger.wandb=false",
-]
+SIMULATED_TRAIN = simulated_train(nodes=2, train_size=96, test_size=16)
 
 
 def test_a_changed_setting_neither_skips_nor_overwrites_and_rerun_moves_aside(tmp_path):
@@ -62,6 +49,7 @@ def test_a_changed_setting_neither_skips_nor_overwrites_and_rerun_moves_aside(tm
     assert not (d / "failed.json").exists()
 
 
+@pytest.mark.slow  # 18 s; in make test: tests/unit/test_identity.py (the verdict on a checkpoint's fingerprint)
 def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
     """A simulated training job stopped after epoch 0's checkpoint; the same folder with
     another learning rate is refused (one line), with the original one it resumes."""
@@ -77,6 +65,7 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
     assert "resuming from the checkpoint of epoch 0" in resumed.stdout + resumed.stderr
 
 
+@pytest.mark.slow  # 14 s; in make test: tests/unit/test_identity.py (quarantine, readers pass it over)
 def test_an_unreadable_summary_is_quarantined_and_the_job_runs_again(tmp_path):
     d = tmp_path / "job"
     assert run(*FAST, f"hydra.run.dir={d}").returncode == 0

@@ -25,30 +25,15 @@ import pytest
 from gtopk.records.rundir import RunDir, read_jsonl
 from gtopk.train.checkpoint import KILL_HOOK
 from gtopk.train.state import saved_generation
-from tests.procs import Done, finish, start
+from tests.procs import Done, finish, simulated_train, start
 from tests.procs import run as run_py
 
-P, PER_EPOCH = 3, 2
+P, PER_EPOCH = 3, 2  # ranks; steps per epoch (simulated_train's train.max_iters_per_epoch)
 DEADLINE_S = 240  # per wait: generous for a loaded 2-core machine
 
 
 def train(epochs: int, run_dir: Path) -> list[str]:
-    return [
-        "cluster=simulated",
-        "mode=train",
-        f"nodes={P}",
-        "reducer=gtopk",
-        "density=0.01",
-        "data=digits",
-        "data.image_size=16",
-        "data.train_size=144",
-        "data.test_size=24",
-        "batch_size=8",
-        f"train.epochs={epochs}",
-        f"train.max_iters_per_epoch={PER_EPOCH}",
-        "logger.wandb=false",
-        f"hydra.run.dir={run_dir}",
-    ]
+    return [*simulated_train(P, epochs), f"hydra.run.dir={run_dir}"]
 
 
 def resumed_from(done: Done) -> int:

@@ -11,23 +11,9 @@ import json
 import pytest
 
 from gtopk.records.rundir import RunDir, read_jsonl
-from tests.procs import one_line_error, run
+from tests.procs import one_line_error, run, simulated_train
 
-TRAIN = [
-    "cluster=simulated",
-    "mode=train",
-    "nodes=3",
-    "reducer=gtopk",
-    "density=0.01",
-    "data=digits",
-    "data.image_size=16",
-    "data.train_size=144",
-    "data.test_size=24",
-    "batch_size=8",
-    "train.epochs=2",
-    "train.max_iters_per_epoch=2",
-    "logger.wandb=false",
-]
+TRAIN = simulated_train()
 
 
 @pytest.mark.parametrize(
