@@ -107,8 +107,7 @@ def code_version() -> dict:
 def summary_fields(cfg: Any) -> dict:
     """What ``summary.json`` records of the job's identity (``cfg``: the workers' config,
     which carries ``fingerprint`` when the job set it)."""
-    get = cfg.get if hasattr(cfg, "get") else dict(cfg).get
-    return {"fingerprint": get("fingerprint", None)}
+    return {"fingerprint": cfg.get("fingerprint")}
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -127,7 +126,7 @@ def differences(old: dict, new: dict, lenient: bool = False) -> list[str]:
     a, b = _flat(old), _flat(new)
     out = []
     for key in sorted(set(a) | set(b)):
-        if lenient and (key.split(".")[0] in RESOLVED_LATER or key not in b or key.split(".")[0] in NEUTRAL):
+        if lenient and (key.split(".")[0] in RESOLVED_LATER or key not in b):
             continue
         if a.get(key, "<unset>") != b.get(key, "<unset>"):
             out.append(f"{key}: {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")

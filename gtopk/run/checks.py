@@ -58,9 +58,10 @@ def _int_at_least(cfg: Any, key: str, low: int, example: str) -> None:
         raise ConfigError(f"{key}={shown(value)} must be an integer >= {low}, e.g. {key}={example}")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Any) -> dict[str, Any]:
     """The top-level settings, the recipe's values (``gtopk.run.settings``) and the objects
-    built from config nodes (``gtopk.run.nodes``); raises ConfigError naming the first bad one."""
+    built from config nodes (``gtopk.run.nodes``); raises ConfigError naming the first bad
+    one. Returns the built ``compute``, ``cluster`` and ``data`` (``nodes.buildable``)."""
     _int_at_least(cfg, "nodes", 1, "4")
     try:
         validate_density(cfg.density)
@@ -85,7 +86,7 @@ def validate(cfg: Any) -> None:
             "(stop: the job fails; skip: the step is skipped and recorded)"
         )
     settings.validate(cfg)
-    buildable(cfg)
+    return buildable(cfg)
 
 
 def reducer_settings(cfg: Any, backend: str = "gloo") -> None:

@@ -57,10 +57,10 @@ BAD_INPUT = (ConfigError, DataError, PortInUse)  # one-line errors, raised befor
 
 def validate(cfg: DictConfig) -> None:
     """Bad input (``BAD_INPUT``), found without starting any process."""
-    checks.validate(cfg)  # every node buildable (the reducer's class importable), one line each
-    device, backend = placement(cfg)
+    built = checks.validate(cfg)  # every node built once (the reducer's class importable), one line each
+    compute, cluster = built["compute"], built["cluster"]
+    device, backend = checks.placement(cfg.device, cfg.backend, compute.wants_gpu)
     checks.reducer_settings(cfg, backend)
-    cluster = checks.build(cfg, "cluster")
     try:
         cluster.check_job(cfg)
     except ClusterError as e:
@@ -69,9 +69,8 @@ def validate(cfg: DictConfig) -> None:
         checks.machine_fits(cfg, device, cluster.processes(cfg.nodes))
     else:
         checks.local_gpus(device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    compute = checks.build(cfg, "compute")
     if compute.needs_data:
-        source = checks.build(cfg, "data")
+        source = built["data"]
         checks.data_fits(cfg, source.check())
         checks.model_takes(cfg, source.sample_shape())
 

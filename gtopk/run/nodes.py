@@ -44,10 +44,11 @@ def build(cfg: Any, key: str, kind: type | None = None) -> Any:
     return built
 
 
-def buildable(cfg: Any) -> None:
+def buildable(cfg: Any) -> dict[str, Any]:
     """Every object the job builds from its config, built here once: ``compute``,
-    ``cluster``, ``data`` (when the compute reads data) and ``model.net`` (on the meta
-    device: no memory); the reducer's class is imported (``reducer_settings`` builds it)."""
+    ``cluster``, ``data`` (when the compute reads data; else None) and ``model.net`` (on the
+    meta device: no memory); the reducer's class is imported (``reducer_settings`` builds
+    it). Returns the built ``compute``, ``cluster`` and ``data`` by name."""
     from hydra.utils import get_class
 
     from gtopk.run.cluster.base import Cluster
@@ -62,10 +63,11 @@ def buildable(cfg: Any) -> None:
             f"reducer._target_={shown(target)} cannot be imported ({one_line(e)}); "
             f"pick another reducer= (the files in conf/reducer/) or fix the class path"
         ) from None
-    if build(cfg, "compute", Compute).needs_data:
-        build(cfg, "data", DataSource)
-    build(cfg, "cluster", Cluster)
+    compute = build(cfg, "compute", Compute)
+    data = build(cfg, "data", DataSource) if compute.needs_data else None
+    built = {"compute": compute, "data": data, "cluster": build(cfg, "cluster", Cluster)}
     meta_net(cfg)
+    return built
 
 
 _NETS: dict[str, torch.nn.Module] = {}  # meta-device models by their resolved settings (a few)

@@ -12,7 +12,6 @@ from torch import nn
 
 from gtopk.records.rundir import RunDir
 from gtopk.train.checkpoint import Store, check_settings, choose, legacy_manifest, passed_over
-from gtopk.train.checkpoint import saved_generation as saved_generation  # job.py's check before workers start
 
 
 def broadcast_and_check(model: nn.Module) -> None:

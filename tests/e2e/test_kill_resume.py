@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 from gtopk.records.rundir import RunDir, read_jsonl
-from gtopk.train.checkpoint import KILL_HOOK
-from gtopk.train.state import saved_generation
+from gtopk.train.checkpoint import KILL_HOOK, saved_generation
 from tests.procs import Done, finish, simulated_train, start
 from tests.procs import run as run_py
 

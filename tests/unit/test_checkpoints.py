@@ -21,8 +21,8 @@ from torch import nn
 
 from baselines.powersgd_state import rng_to_tensors
 from gtopk.records.rundir import RunDir
-from gtopk.train.checkpoint import Store, check_settings, load_file
-from gtopk.train.state import Checkpoints, saved_generation, snapshot
+from gtopk.train.checkpoint import Store, check_settings, load_file, saved_generation
+from gtopk.train.state import Checkpoints, snapshot
 from gtopk.train.virtual import SimulatedWorker
 
 P = 3
