@@ -51,6 +51,13 @@ NEUTRAL = (
 #: keys the job fills in after the skip decision (device/backend ``auto`` resolved,
 #: ``compute`` resolved from its profile): older records hold them resolved
 RESOLVED_LATER = ("device", "backend", "compute")
+#: settings added after records existed, each at the value that does what the code did
+#: before it existed: dropped from the identity at that value, so that adding a setting
+#: neither re-runs nor refuses a finished job (its records lack the key)
+LATER_DEFAULTS: dict[str, Any] = {
+    "reducer.selection": "exact",  # Top-k/gTop-k/Ok-Topk: exact top-k (the sampled threshold came later)
+    "cluster.dilation": 1,  # emulated cluster: real time (time dilation came later)
+}
 
 
 def _drop(tree: dict, dotted: str) -> None:
@@ -63,6 +70,17 @@ def _drop(tree: dict, dotted: str) -> None:
         _drop(tree[head], rest)
 
 
+def _get(tree: dict, dotted: str) -> Any:
+    for head in dotted.split("."):
+        if not isinstance(tree, dict) or head not in tree:
+            return _MISSING
+        tree = tree[head]
+    return tree
+
+
+_MISSING = object()
+
+
 def identity(cfg: Any) -> dict:
     """The settings that define a job's result: ``cfg`` (a DictConfig or a plain dict of
     the composed config) resolved, without ``NEUTRAL`` keys (and without Hydra's node)."""
@@ -73,6 +91,9 @@ def identity(cfg: Any) -> dict:
     keep_fault = str((tree.get("fault") or {}).get("kind")).lower() == "nan"  # YAML reads nan as a float
     for key in NEUTRAL:
         if not (key == "fault" and keep_fault):
+            _drop(tree, key)
+    for key, value in LATER_DEFAULTS.items():
+        if _get(tree, key) == value:
             _drop(tree, key)
     return tree
 

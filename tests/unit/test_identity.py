@@ -56,6 +56,18 @@ def test_neutral_settings_leave_the_fingerprint(compose, neutral):
     assert fingerprint(_ident(compose, neutral)) == fingerprint(_ident(compose))
 
 
+def test_a_setting_added_later_at_its_old_behaviour_leaves_the_fingerprint(compose):
+    """A record written before ``reducer.selection`` existed (no such key) is the same job as
+    one with ``selection: exact``; any other value is another job."""
+    cfg = compose([])
+    old = OmegaConf.to_container(cfg, resolve=True)
+    old["reducer"].pop("selection", None)
+    for value, same in (("exact", True), ("sampled", False)):
+        new = OmegaConf.to_container(cfg, resolve=True)
+        new["reducer"]["selection"] = value
+        assert (fingerprint(identity(new)) == fingerprint(identity(old))) is same, value
+
+
 def test_differences_name_the_keys():
     old = {"model": {"lr": 0.1, "momentum": 0.9}, "seed": 0}
     new = {"model": {"lr": 0.2, "momentum": 0.9}, "seed": 0, "extra": 1}
