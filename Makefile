@@ -16,7 +16,7 @@ FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all payoff validate-model
+.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale payoff validate-model
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -107,6 +107,21 @@ reproduce-breakdown: setup  ## Time breakdown per model and reducer beside the p
 
 reproduce-fig5: setup  ## Fig. 5, simulated workers, on the offline digits: quick (P=4,16, ~15 min); FULL=1: P=4,16,32 x 3 densities; DATA=fashion: Fashion-MNIST
 	$(REPRODUCE) fig5 $(if $(FULL),--full) --data $(DATA) $(ARGS)
+
+# reproduce-scale: the grid of experiment fig5_scale (hours: docs/reproducing.md), job by job in the
+# order that pays first (seed 0 at P = 16, 32, 4, then seeds 1 and 2); finished jobs are archived
+# under SCALE_ARCHIVE (committed) after each block and restored from it first, so the grid goes on
+# across sittings; SCALE_SEEDS / SCALE_NODES pick a part of it.
+SCALE_ARCHIVE := analysis/results/fig5_scale/runs
+SCALE_SEEDS ?= 0 1 2
+SCALE_NODES ?= 16 32 4
+
+reproduce-scale: setup fashion-mnist  ## Fig. 5 at scale: P=4,16,32 x every reducer x 3 seeds, resumable across sittings (hours)
+	$(PY) -m gtopk.records.archive restore $(SCALE_ARCHIVE) runs/fig5_scale
+	@rc=0; for s in $(SCALE_SEEDS); do for p in $(SCALE_NODES); do \
+	  $(PY) run.py -m experiment=fig5_scale seed=$$s nodes=$$p $(ARGS) || rc=1; \
+	  $(PY) -m gtopk.records.archive save runs/fig5_scale $(SCALE_ARCHIVE) || exit 1; \
+	done; done; exit $$rc
 
 reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1, DATA=fashion as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
