@@ -122,6 +122,7 @@ reproduce-scale: setup fashion-mnist  ## Fig. 5 at scale: P=4,16,32 x every redu
 	  $(PY) run.py -m experiment=fig5_scale seed=$$s nodes=$$p $(ARGS) || rc=1; \
 	  $(PY) -m gtopk.records.archive save runs/fig5_scale $(SCALE_ARCHIVE) || exit 1; \
 	done; done; exit $$rc
+	$(REPRODUCE) scale
 
 reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1, DATA=fashion as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
@@ -130,17 +131,18 @@ reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (
 validate-model: setup  ## The performance model against measurement: every reducer, P=1..8, emulated 100 Mbit/s and 1 Gbit/s (docs/payoff.md)
 	$(REPRODUCE) validate --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
-# payoff: PAYOFF_RUNS = folders of training runs (default: those of make reproduce-fig5 that exist),
+# payoff: PAYOFF_RUNS = folders of training runs (default: runs/fig5_scale of make reproduce-scale where it
+# exists and DATA=fashion is not given, else those of make reproduce-fig5 that exist),
 # NETWORK = network profile(s) (default: those of runs/fig6_reproduce and runs/model_validation, one per
 # cluster setting; none yet: this machine's emulated 1 Gbit/s network is calibrated first), TARGET_ACC =
 # absolute top-1 target(s), PAYOFF_ARGS = other options of analysis.payoff (--borrow, --compute, --bench, --out).
-PAYOFF_RUNS ?= $(wildcard $(if $(filter fashion,$(DATA)),runs/fig5_fashion_quick,runs/fig5_quick))
+PAYOFF_RUNS ?= $(or $(if $(filter fashion,$(DATA)),,$(wildcard runs/fig5_scale)),$(wildcard $(if $(filter fashion,$(DATA)),runs/fig5_fashion_quick,runs/fig5_quick)))
 NETWORK ?=
 TARGET_ACC ?=
 PAYOFF_ARGS ?=
 
 payoff: setup  ## Time to accuracy per reducer over P x bandwidth (docs/payoff.md): [NETWORK=profile.json] [TARGET_ACC=0.95]
-	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in $(if $(filter fashion,$(DATA)),runs/fig5_fashion_quick,runs/fig5_quick): run make reproduce-fig5$(if $(filter fashion,$(DATA)), DATA=fashion), or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
+	@test -n "$(PAYOFF_RUNS)" || { echo "make payoff: no training runs in $(if $(filter fashion,$(DATA)),runs/fig5_fashion_quick,runs/fig5_scale or runs/fig5_quick): run make reproduce-$(if $(filter fashion,$(DATA)),fig5 DATA=fashion,scale or make reproduce-fig5), or set PAYOFF_RUNS=<folder>" >&2; exit 2; }
 	$(PY) -m analysis.payoff $(PAYOFF_RUNS) $(foreach n,$(NETWORK),--network $(n)) $(foreach a,$(TARGET_ACC),--target-acc $(a)) $(PAYOFF_ARGS)
 
 clean-venv:  ## Remove the virtual environment

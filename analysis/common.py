@@ -1,5 +1,6 @@
 """What every analysis script shares: its command line, where its outputs go, and how
-they are written (PNG + PDF of the figure, the CSV behind it)."""
+they are written (PNG + PDF of the figure, the CSV behind it). The reducers' order, colours
+and names are ``analysis.reducers``'s (what each reducer class declares)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ import pandas as pd  # noqa: E402
 
 from analysis.load import load_jobs  # noqa: E402
 
-#: the order reducers appear in (others follow, sorted)
-REDUCER_ORDER = ("dense", "ddp", "ddp_fp16", "powersgd", "topk", "gtopk")
 #: the order models appear in: the paper's (Fig. 6, Table IV); others follow, sorted
 MODEL_ORDER = ("vgg16", "resnet20", "alexnet", "resnet50")
 #: marker per measured reducer line
@@ -50,12 +49,6 @@ def jobs_or_exit(args: argparse.Namespace) -> pd.DataFrame:
     return jobs
 
 
-def ordered(names) -> list[str]:
-    """Reducer names in display order."""
-    names = sorted(set(names))
-    return [n for n in REDUCER_ORDER if n in names] + [n for n in names if n not in REDUCER_ORDER]
-
-
 def model_rank(name: str) -> tuple[int, str]:
     """Sort key of a model name: the paper's order (``MODEL_ORDER``), then by name."""
     return (MODEL_ORDER.index(name) if name in MODEL_ORDER else len(MODEL_ORDER), name)
@@ -71,15 +64,6 @@ def panels(n: int, width: float, height: float) -> tuple[plt.Figure, list[plt.Ax
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
-
-
-def palette(names) -> dict[str, tuple]:
-    """One colour per reducer, stable across figures."""
-    import seaborn as sns
-
-    names = ordered(names)
-    colours = sns.color_palette("colorblind", max(len(names), len(REDUCER_ORDER)))
-    return dict(zip(names, colours))
 
 
 def save(fig: plt.Figure | None, table: pd.DataFrame, folder: Path, stem: str) -> list[Path]:

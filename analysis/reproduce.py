@@ -3,6 +3,7 @@
     python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [HYDRA OVERRIDES...]
     python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
     python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce scale [HYDRA OVERRIDES...]
 
 Scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share one set of
 runs, ``runs/fig6_reproduce/`` by default (finished jobs are skipped, so running them one
@@ -42,6 +43,11 @@ where nothing was measured: the netbench step at each bandwidth of
 ``conf/experiment/model_validation.yaml`` (emulated cluster only), ``run.py -m
 experiment=model_validation``, then ``analysis.payoff.validate`` (predicted against measured t_iter)
 and the wandb export, all in ``runs/model_validation/``.
+
+scale (the last step of ``make reproduce-scale``, whose recipe trains the grid) analyses the
+runs of ``experiment=fig5_scale`` as they stand: ``analysis.figures.scale`` (Fig. 5 per P, the
+table across P, the gap against coverage, the cells still missing), copied with its provenance
+to ``analysis/results/fig5_scale/``.
 """
 
 from __future__ import annotations
@@ -56,24 +62,36 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from analysis.reducers import names, ordered
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
-#: (data, full) -> the sweeps of fig5, each a list of overrides (conf/experiment/: the sweep axes
-#: are in each file); the first sweep's folder gets the analysis, a second one of another
-#: experiment gets the density analysis beside the first one's dense runs
-FIG5 = {
-    ("digits", False): [["experiment=fig5_quick"]],
-    ("digits", True): [["experiment=fig5_full"], ["experiment=fig5_density"]],
-    ("fashion", False): [
-        ["experiment=fig5_fashion_quick"],  # the sparse reducers at three densities
-        ["experiment=fig5_fashion_quick", "reducer=dense", "density=0.001"],  # dense once per P
-        # two more seeds at the paper's density (rho = 0.001), every reducer, P = 4 and 16
-        ["experiment=fig5_fashion_quick", "density=0.001", "seed=1,2", "reducer=dense,topk,gtopk,gtopk_exact"],
-        # DDP-fp16 and PowerSGD, P = 4 real processes, 3 seeds
-        ["experiment=fig5_fashion_baselines", "reducer=ddp_fp16,powersgd"],
-    ],
-    ("fashion", True): [["experiment=fig5_fashion_paper"]],
-}
+
+
+def fig5_plan(data: str, full: bool) -> list[list[str]]:
+    """The sweeps of fig5 for ``data`` and ``full``, each a list of overrides (conf/experiment/:
+    the sweep axes are in each file); the first sweep's folder gets the analysis, a second
+    one of another experiment gets the density analysis beside the first one's dense runs.
+    Fashion's quick variant adds, by what the reducer classes declare (``analysis.reducers``,
+    in plot order): the simulatable exact-average reducers once per P (dense), two more seeds
+    of those and of the experiment's reducer axis at the paper's density (dense, Top-k,
+    gTop-k and its exact put-back), and the hook baselines (DDP-fp16, PowerSGD)."""
+    if data == "digits":
+        return [["experiment=fig5_full"], ["experiment=fig5_density"]] if full else [["experiment=fig5_quick"]]
+    if full:
+        return [["experiment=fig5_fashion_paper"]]
+    exact = names(lambda d: d.simulatable and d.exact_average and not d.payoff_baseline)
+    quick = "experiment=fig5_fashion_quick"
+    seeds = ordered(exact + axis([quick], "reducer"))
+    hooks = names(lambda d: d.payoff_baseline and not d.exact_average)
+    return [
+        [quick],  # the sparse reducers at three densities
+        [quick, f"reducer={','.join(exact)}", "density=0.001"],  # dense once per P
+        [quick, "density=0.001", "seed=1,2", f"reducer={','.join(seeds)}"],  # two more seeds, P = 4 and 16
+        ["experiment=fig5_fashion_baselines", f"reducer={','.join(hooks)}"],  # P = 4 real processes, 3 seeds
+    ]
+
+
 SCALING_SCRIPTS = {
     "fig6": ["fig6", "table4", "breakdown", "commmodel"],  # one run, every scaling output
     "table4": ["table4"],
@@ -240,10 +258,10 @@ def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
 
 
 def fig5_sweeps(overrides: list[str], full: bool, data: str) -> list[list[str]]:
-    """The ``run.py -m`` argument lists of fig5 (``FIG5``), with the user's overrides; a
+    """The ``run.py -m`` argument lists of fig5 (``fig5_plan``), with the user's overrides; a
     dense pass (an extra sweep that sets ``reducer``) is left out when the overrides set the
     reducer themselves."""
-    sweeps = FIG5[data, full]
+    sweeps = fig5_plan(data, full)
     if "reducer" in keys(overrides):
         sweeps = [s for s in sweeps if not any(o.startswith("reducer=") for o in s)]
     return [merged(s, overrides) for s in sweeps]
@@ -280,9 +298,28 @@ def fig5(overrides: list[str], full: bool, data: str = "digits") -> None:
         print(f"density sensitivity: {roots[1] / 'analysis'}/density.*, density_table.*, density_gap*", flush=True)
 
 
+def scale(overrides: list[str]) -> None:
+    """Fig. 5 at scale on the runs of ``experiment=fig5_scale`` (trained by ``make
+    reproduce-scale``; a partial grid too): ``analysis.figures.scale`` with the grid the
+    experiment sweeps (its P, reducers and seeds: the missing cells are named), its outputs in
+    ``<runs>/analysis/`` and their CSV, PNG and markdown copied to ``analysis/results/fig5_scale/``
+    with a provenance file."""
+    overrides = merged(["experiment=fig5_scale"], overrides)
+    runs = first_job(overrides)[0]
+    grid: list[str] = []
+    for flag, key in SCALE_GRID:
+        grid += [f"--{flag}", *axis(overrides, key)]
+    run([sys.executable, "-m", "analysis.figures.scale", str(runs), *grid, "--publish", str(SCALE_RESULTS)])
+
+
+#: analysis.figures.scale's grid options and the sweep keys they come from; where its copies go
+SCALE_GRID = (("nodes", "nodes"), ("reducers", "reducer"), ("seeds", "seed"))
+SCALE_RESULTS = ROOT / "analysis" / "results" / "fig5_scale"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate"]))
+    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate", "scale"]))
     ap.add_argument("--full", action="store_true", help="fig5: the full variant (P = 4, 16, 32; three densities)")
     ap.add_argument(
         "--data",
@@ -297,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
         fig5(args.overrides, args.full, args.data)
     elif args.target == "validate":
         validate(args.overrides, shlex.split(args.netbench))
+    elif args.target == "scale":
+        scale(args.overrides)
     else:
         scaling(args.target, args.overrides, shlex.split(args.netbench))
 

@@ -2,9 +2,10 @@
 
 Which v_1: one per model and setup, as in the paper (which used one single-node
 throughput per model for all methods): the P = 1 job of the *baseline* reducer, by default
+(``v1_order``) the first reducer whose update is the exact average, payoff baselines first:
 ``ddp`` (at P = 1 that is plain single-worker SGD: DDP wraps the model only for P > 1,
 and its reduce returns the gradient as it is, without the copy the dense reducer makes),
-else ``dense``. The sparse lines therefore start below 1 at P = 1 when their top-k
+else ``dense`` (what their classes declare, ``analysis.reducers``). The sparse lines therefore start below 1 at P = 1 when their top-k
 selection costs time, as it would on a single machine. A setup is one experiment on one cluster with one compute source, model,
 batch and density (``SETUP``); runs of different setups are never mixed.
 
@@ -28,23 +29,31 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
+from analysis.reducers import declared, exact_rows, names, ordered
 from gtopk import paper
 from gtopk.perf.model import LOCAL_TIMES, NetworkProfile, UnknownConfig, check_reducer, model_shapes, predict_iter
 
 SETUP = ["name", "cluster", "compute", "model", "batch_per_worker", "grad_accum_steps", "density"]
 V = "images_per_s_per_worker"
-#: reducers whose P = 1 job gives v_1, the first one found in a setup
-BASELINE = "ddp,dense"
 
 
 def _setups(jobs: pd.DataFrame):
     return jobs.groupby(SETUP, dropna=False, sort=True)
 
 
-def baseline_v1(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+def v1_order(jobs: pd.DataFrame) -> list[str]:
+    """The reducers of ``jobs`` whose P = 1 job may give v_1: those whose update is the exact
+    average, payoff baselines first (DDP, then dense), each group in plot order."""
+    exact = jobs[exact_rows(jobs)]
+    names = ordered(exact["reducer"])
+    return [n for n in names if declared(n).payoff_baseline] + [n for n in names if not declared(n).payoff_baseline]
+
+
+def baseline_v1(jobs: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     """v_1 per setup: the median throughput of the P = 1 jobs of the first reducer in
-    ``baseline`` (comma-separated) that has one in that setup; ``v1_from`` names it."""
-    order = [b.strip() for b in baseline.split(",") if b.strip()]
+    ``baseline`` (comma-separated config names; default ``v1_order``) that has one in that
+    setup; ``v1_from`` names it."""
+    order = [b.strip() for b in baseline.split(",") if b.strip()] if baseline else v1_order(jobs)
     rows = []
     for key, g in _setups(jobs):
         for red in order:
@@ -53,14 +62,15 @@ def baseline_v1(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
                 rows.append({**dict(zip(SETUP, key)), "v1": float(one[V].median()), "v1_from": red})
                 break
     if not rows:
+        which = baseline or "a reducer whose update is the exact average"
+        example = order[0] if order else next(iter(names(lambda d: d.exact_average)), "...")
         raise ValueError(
-            f"no P = 1 job of reducer={baseline} found: it gives v_1; run one "
-            f"(nodes=1 reducer={order[0]}) or pick another --baseline"
+            f"no P = 1 job of {which} found: it gives v_1; run one (nodes=1 reducer={example}) or pick another --baseline"
         )
     return pd.DataFrame(rows)
 
 
-def measured(jobs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+def measured(jobs: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     """e(P) of every (setup, reducer, P) measured; duplicates (same setup, reducer and P)
     give their median throughput (``n_jobs`` says how many)."""
     v = (
@@ -111,7 +121,7 @@ def modelled(
     jobs: pd.DataFrame,
     net: NetworkProfile,
     nodes: Sequence[int] | None = None,
-    baseline: str = BASELINE,
+    baseline: str | None = None,
     local_from: int = 1,
     extend_to: Iterable[int] = (16, 32),
 ) -> pd.DataFrame:
@@ -165,7 +175,7 @@ def paper_efficiency(models: Iterable[str] | None = None) -> pd.DataFrame:
 def efficiencies(
     jobs: pd.DataFrame,
     net: NetworkProfile | None,
-    baseline: str = BASELINE,
+    baseline: str | None = None,
     local_from: int = 1,
     extend_to: Iterable[int] = (16, 32),
 ) -> pd.DataFrame:

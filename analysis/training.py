@@ -15,16 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from analysis.reducers import conf_reducers, declared
 from gtopk.records.regime import accuracy_trend, coverage
 from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
 from gtopk.records.summary import SIMULATED_BACKEND
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-#: reducers whose update is the exact average of the gradients (dense S-SGD): their final
-#: accuracy defines the relative target, and DDP borrows their iterations (same update)
-DENSE = ("dense", "ddp")
 #: t_data, t_compr and the rest of the iteration (update, flattening, check) per step
 OVERHEADS = ("t_data", "t_compr", "t_update")
 
@@ -56,6 +51,13 @@ class TrainRun:
         return (self.model, self.data, self.batch, self.accum)
 
     @property
+    def exact_average(self) -> bool:
+        """Its update is the exact average of the gradients (dense S-SGD, DDP: what the class
+        its config names declares): its final accuracy is the relative target's, and the
+        reference baseline borrows its iterations (the same update)."""
+        return declared(self.reducer_name, self.reducer_cfg).exact_average
+
+    @property
     def final_acc(self) -> float:
         return self.curve[-1][2]
 
@@ -67,8 +69,7 @@ class TrainRun:
 def reducer_label(name: str, cfg: dict) -> str:
     """``name`` plus ``key=value`` for each setting (density aside) that differs from the
     reducer's default config, e.g. ``gtopk putback=exact``."""
-    path = CONF / "reducer" / f"{name}.yaml"
-    defaults = OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else {}
+    defaults = conf_reducers().get(name, {})
     diff = [
         f"{k}={v}"
         for k, v in sorted(cfg.items())
@@ -218,5 +219,5 @@ class Target:
         there is no dense run among them."""
         if self.absolute is not None:
             return self.absolute
-        finals = [r.final_acc for r in runs if r.reducer_name in DENSE]
+        finals = [r.final_acc for r in runs if r.exact_average]
         return self.relative * statistics.median(finals) if finals else None

@@ -117,7 +117,7 @@ PAYOFF = (
     [
         "model", "data", "batch_per_worker", "grad_accum", "density", "nodes", "network", "compute_profile",
         "target", "reducer", "status", "iterations_to_target", "t_iter", "time_to_target", "speedup_vs_ddp",
-        "speedup_vs_ddp_fp16", "bandwidth_gbps", "calibrated", "target_acc", "iterations_from_nodes", "borrowed", "iterations_source",
+        "speedup_vs_ddp_fp16", "speedup_vs_powersgd", "bandwidth_gbps", "calibrated", "target_acc", "iterations_from_nodes", "borrowed", "iterations_source",
         "iterations_detail", "t_iter_source", "t_iter_detail", "time_source", "seeds", "iterations_per_seed",
         "iterations_min", "iterations_max", "time_min", "time_max", "coverage", "still_rising", "reducer_density",
         "picked",
@@ -125,13 +125,13 @@ PAYOFF = (
     [
         [
             "resnet20", "digits", 32, 1, 0.001, 4, "emulated (0.955 Gbit/s)", "p102", "99 % of dense", "gtopk", "reached",
-            396, 0.052, 20.592, 1.202, None, 0.955, True, 0.973, 4, False, "measured",
+            396, 0.052, 20.592, 1.202, None, None, 0.955, True, 0.973, 4, False, "measured",
             "training run, P=4: 1/1 runs reached it", "measured", "benchmark job", "measured", 1, "seed 0: 396",
             396, 396, 20.592, 20.592, 0.55, False, 0.001, True,
         ],
         [
             "resnet20", "digits", 32, 1, 0.001, 4, "emulated (0.955 Gbit/s)", "p102", "99 % of dense", "ddp", "reached",
-            165, 0.15, 24.75, 1.0, None, 0.955, True, 0.973, 4, False, "measured",
+            165, 0.15, 24.75, 1.0, None, None, 0.955, True, 0.973, 4, False, "measured",
             "dense training run (same update), P=4: 1/1 runs reached it", "modelled",
             "t_compute p102, overheads benchmark P=1", "modelled", 1, "seed 0: 165", 165, 165, 24.75, 24.75,
             165.0, False, None, True,

@@ -23,7 +23,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import jobs_or_exit, model_rank, ordered, out_dir, panels, parser, save
+from analysis.common import jobs_or_exit, model_rank, out_dir, panels, parser, save
+from analysis.reducers import ordered
 from analysis.scaling import SETUP, modelled, rest_of_iteration
 from gtopk import paper
 from gtopk.perf.model import NetworkProfile

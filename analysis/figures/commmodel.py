@@ -17,7 +17,8 @@ import sys
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import MARKERS, jobs_or_exit, model_rank, ordered, out_dir, palette, panels, parser, save
+from analysis.common import MARKERS, jobs_or_exit, model_rank, out_dir, panels, parser, save
+from analysis.reducers import ordered, palette
 from gtopk.perf.model import NetworkProfile, UnknownConfig, compare
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.training import DENSE, iterations_by_epoch, reducer_label, regime, trend_word
+from analysis.reducers import declared
+from analysis.training import iterations_by_epoch, reducer_label, regime, trend_word
 from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
 
 NOT_REACHED = "not reached"
@@ -47,6 +48,7 @@ def _run_meta(d: RunDir) -> dict:
         "reducer": cfg["reducer_name"],
         "density": float(reducer["density"]) if "density" in reducer else None,
         "label": curve_label(cfg["reducer_name"], reducer, int(cfg["nodes"])),
+        "reducer_cfg": reducer,  # what its class declares (analysis.reducers); not saved (common.save)
         "image_size": (cfg.get("data") or {}).get("image_size"),
         "batch": int(cfg["batch_size"]) * int(cfg.get("grad_accum", 1)),
         "seed": cfg.get("seed"),
@@ -72,6 +74,11 @@ def load_curves(roots: Sequence[str | Path]) -> pd.DataFrame:
                 rows.append({**meta, **{k: e[k] for k in ("epoch", "train_loss", "test_loss", "test_top1")}})
                 rows[-1].update(iterations=done[int(e["epoch"])], epoch_coverage=e.get("coverage"))
     return pd.DataFrame(rows)
+
+
+def _exact(row: pd.Series) -> bool:
+    """The run's update is the exact average (dense S-SGD, DDP): the table's baseline."""
+    return declared(row["reducer"], row.get("reducer_cfg")).exact_average
 
 
 def _spread(values: list) -> str:
@@ -105,7 +112,7 @@ def table(curves: pd.DataFrame, relative: float = 0.99) -> pd.DataFrame:
     keys = ["model", "data", "image_size", "nodes", "batch"]
     for _, group in curves.groupby(keys, sort=True, dropna=False):
         runs = {rd: run.sort_values("epoch") for rd, run in group.groupby("run_dir", sort=False)}
-        dense = [run.iloc[-1]["test_top1"] for run in runs.values() if run.iloc[-1]["reducer"] in DENSE]
+        dense = [run.iloc[-1]["test_top1"] for run in runs.values() if _exact(run.iloc[-1])]
         target = relative * statistics.median(dense) if dense else None
         by_label: dict[str, list[pd.DataFrame]] = {}
         for run in runs.values():

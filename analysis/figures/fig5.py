@@ -1,6 +1,6 @@
 """Fig. 5: convergence of dense vs Top-k vs gTop-k (both put-backs), training loss and top-1
-test accuracy against iterations and against epochs, one line per training run (reducer,
-put-back, rho, P), one row of panels per (model, P); the table beside it (final top-1 and
+test accuracy against iterations, one line per reducer setting (reducer, put-back, rho) with
+its seeds as a band, one row of two panels per (model, P), one legend below; the table beside it (final top-1 and
 iterations to 99 % of dense's final top-1 at the same P); and the gap, measured: per
 iteration, the coordinates the update touched, the residual's norm per worker and the
 gradient mass the paper's put-back lost.
@@ -24,10 +24,9 @@ import pandas as pd
 from analysis.common import model_rank, out_dir, parser, save
 from analysis.figures.curves import load_curves, load_gap, markdown, table
 from analysis.figures.gapcov import gap_coverage, plot_gap_coverage
-from analysis.training import DENSE
+from analysis.reducers import display, exact_rows, of_label, palette
 
 METRICS = (("train_loss", "training loss"), ("test_top1", "top-1 test accuracy"))
-AXES = (("iterations", "iterations"), ("epoch", "epoch"))
 GAP_PANELS = (
     ("update_nnz", "coordinates the update touched", "log"),
     ("residual_norm", "residual L2 norm per worker (median, min-max)", "log"),
@@ -40,11 +39,10 @@ def _rows(frame: pd.DataFrame) -> list[tuple[str, int]]:
     return sorted(pairs, key=lambda mp: (model_rank(mp[0]), mp[1]))
 
 
-def _colours(labels) -> dict[str, tuple]:
-    import seaborn as sns
-
-    names = sorted({lab.rsplit(" P=", 1)[0] for lab in labels})
-    return dict(zip(names, sns.color_palette("colorblind", len(names))))
+def _curve(label: str) -> str:
+    """A curve label without its P (``gtopk rho=0.001 P=4`` -> ``gtopk rho=0.001``): one colour
+    and one legend entry across the rows of P."""
+    return label.rsplit(" P=", 1)[0]
 
 
 def seed_band(runs: pd.DataFrame, x: str, metric: str) -> tuple[pd.Series, pd.Series, pd.Series, int]:
@@ -58,34 +56,44 @@ def seed_band(runs: pd.DataFrame, x: str, metric: str) -> tuple[pd.Series, pd.Se
     return (*(st.set_axis(where.values) for st in stats), by_epoch.shape[1])
 
 
-def plot_curves(curves: pd.DataFrame) -> plt.Figure:
+def plot_curves(curves: pd.DataFrame, width: float = 8.0) -> plt.Figure:
+    """Training loss (log) and test top-1 against iterations, one row of two panels per
+    (model, P), a curve per reducer setting with its seeds as a band (mean, min-max); one
+    legend below (display names, ``analysis.reducers``), a colour per reducer setting across
+    the rows. ``width`` inches at 150 dpi: about 800 px wide in the README leaves 10 pt legible."""
     rows = _rows(curves)
-    colours = _colours(curves["label"])
-    panels = [(m, x) for x in AXES for m in METRICS]
-    fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.2 * len(panels), 3.2 * len(rows)), squeeze=False)
-    for line, (model, nodes) in zip(axes, rows):
-        g = curves[(curves["model"] == model) & (curves["nodes"] == nodes)]
-        for ax, ((metric, title), (x, xlabel)) in zip(line, panels):
-            for lab, runs in sorted(g.groupby("label"), key=lambda kv: kv[0]):
-                mean, low, high, seeds = seed_band(runs, x, metric)
-                colour = colours[lab.rsplit(" P=", 1)[0]]
-                name = lab if seeds == 1 else f"{lab} ({seeds} seeds: mean, min-max)"
-                ax.plot(mean.index, mean.values, lw=1.3, label=name, color=colour)
-                if seeds > 1:
-                    ax.fill_between(mean.index, low.values, high.values, alpha=0.2, color=colour, lw=0)
-            if metric == "train_loss":
-                ax.set_yscale("log")
-            ax.set(xlabel=xlabel, ylabel=title)
-            ax.set_title(f"{model}, P = {nodes}: {title}", fontsize=9)
-            ax.grid(alpha=0.3)
-        line[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
+    colours = palette(_curve(lab) for lab in curves["label"].unique())
+    with plt.rc_context({"font.size": 10, "axes.titlesize": 10, "legend.fontsize": 9}):
+        fig, axes = plt.subplots(len(rows), len(METRICS), figsize=(width, 2.9 * len(rows)), squeeze=False)
+        handles = {}
+        for line, (model, nodes) in zip(axes, rows):
+            g = curves[(curves["model"] == model) & (curves["nodes"] == nodes)]
+            for ax, (metric, title) in zip(line, METRICS):
+                for lab, runs in sorted(g.groupby("label"), key=lambda kv: (of_label(kv[0]).plot_order, kv[0])):
+                    mean, low, high, seeds = seed_band(runs, "iterations", metric)
+                    colour = colours[_curve(lab)]
+                    (h,) = ax.plot(mean.index, mean.values, lw=1.4, color=colour)
+                    if seeds > 1:
+                        ax.fill_between(mean.index, low.values, high.values, alpha=0.2, color=colour, lw=0)
+                    handles.setdefault(display(_curve(lab)), h)
+                if metric == "train_loss":
+                    ax.set_yscale("log")
+                ax.set(xlabel="iterations", ylabel=title)
+                ax.set_title(f"{model}, P = {nodes}")
+                ax.grid(alpha=0.3)
+        seeds = curves.groupby(["label"])["run_dir"].nunique().max()
+        note = " (seeds: mean, band min-max)" if seeds > 1 else ""
+        fig.tight_layout()
+        fig.legend(
+            handles.values(), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+            ncol=min(4, len(handles)), title=f"reducer{note}", frameon=False,
+        )  # fmt: skip  # below the panels: save's bbox_inches="tight" keeps it
     return fig
 
 
 def plot_gap(gap: pd.DataFrame) -> plt.Figure:
     rows = _rows(gap)
-    colours = _colours(gap["label"])
+    colours = palette(_curve(lab) for lab in gap["label"].unique())
     fig, axes = plt.subplots(
         len(rows), len(GAP_PANELS), figsize=(4.6 * len(GAP_PANELS), 3.2 * len(rows)), squeeze=False
     )
@@ -97,7 +105,7 @@ def plot_gap(gap: pd.DataFrame) -> plt.Figure:
                 run = run.sort_values("iteration").dropna(subset=[col])
                 if run.empty or not (run[col] > 0).any():
                     continue  # dense has no residual and loses nothing
-                colour = colours[lab.rsplit(" P=", 1)[0]]
+                colour = colours[_curve(lab)]
                 ax.plot(run["iteration"], run[col], lw=1.0, label=lab, color=colour)
                 if col == "residual_norm":
                     ax.fill_between(
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     curves = load_curves(args.roots)
     if args.dense_from:
         extra = load_curves(args.dense_from)
-        curves = pd.concat([curves, extra[extra["reducer"].isin(DENSE)]], ignore_index=True) if len(extra) else curves
+        curves = pd.concat([curves, extra[exact_rows(extra)]], ignore_index=True) if len(extra) else curves
     if curves.empty:
         raise SystemExit(f"no training epochs (epochs.jsonl) under {' '.join(args.roots)}")
     folder = out_dir(args.roots, args.out)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import MARKERS, jobs_or_exit, model_rank, ordered, out_dir, palette, panels, parser, save
-from analysis.scaling import BASELINE, SETUP, efficiencies, paper_efficiency
+from analysis.common import MARKERS, jobs_or_exit, model_rank, out_dir, panels, parser, save
+from analysis.reducers import ordered, palette
+from analysis.scaling import SETUP, efficiencies, paper_efficiency
 from gtopk.perf.model import NetworkProfile
 
 PAPER_STYLE = {"color": "0.6", "linewidth": 1.0, "linestyle": ":", "markersize": 4}
@@ -29,8 +30,8 @@ def add_model_args(ap) -> None:
     )
     ap.add_argument(
         "--baseline",
-        default=BASELINE,
-        help=f"reducers whose P = 1 job gives v_1, the first found per setup (default {BASELINE})",
+        help="reducers (comma-separated config names) whose P = 1 job gives v_1, the first found per setup "
+        "(default: those whose update is the exact average, payoff baselines first: DDP, then dense)",
     )
     ap.add_argument(
         "--local-from", type=int, default=1, help="P of the jobs whose local times feed the model (default 1)"

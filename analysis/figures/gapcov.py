@@ -1,10 +1,11 @@
 """The gap to dense against coverage: where each sparse reducer catches up.
 
-For every sparse training run (not ``analysis.training.DENSE``) whose coverage is known
-(``gtopk.records.regime``: the sum over iterations of ``update_nnz / m``), the gap is the
-dense top-1 minus the run's, at the same model, data, image size, batch per worker and P:
-dense's run of the same seed where there is one, else the mean of the dense runs' over their
-seeds (the CSV's ``dense_from`` says which). One point per run at the end of training (its
+For every training run whose update is not the exact average (``analysis.reducers.exact_rows``:
+"dense" below is a run whose update is) and whose coverage is known (``gtopk.records.regime``:
+the sum over iterations of ``update_nnz / m``), the gap is the dense top-1 minus the run's,
+at the same model, data, image size, batch per worker and P: dense's run of the same seed
+where there is one, else the mean of the dense runs' over their seeds (the CSV's
+``dense_from`` says which). One point per run at the end of training (its
 final top-1 against dense's final top-1, at its final coverage), and where the epochs carry
 the coverage so far (``epochs.jsonl``'s ``coverage``) a line through the run's epochs, each
 against dense at the same epoch. A run without a dense run at its P has no gap and is left out.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.training import DENSE
+from analysis.reducers import exact_rows
 
 KEYS = ["model", "data", "image_size", "nodes", "batch"]
 MARKERS = "osD^vP*X"
@@ -49,11 +50,12 @@ def gap_coverage(curves: pd.DataFrame) -> pd.DataFrame:
     ``seed``, ``label``, ``epoch``, ``iterations``)."""
     rows = []
     for _, group in curves.groupby(KEYS, sort=True, dropna=False):
-        dense = group[group["reducer"].isin(DENSE)]
+        exact = exact_rows(group)
+        dense = group[exact]
         if dense.empty:
             continue
         dense_final = dense.sort_values("epoch").groupby("run_dir").tail(1)
-        for _, run in group[~group["reducer"].isin(DENSE)].groupby("run_dir", sort=True):
+        for _, run in group[~exact].groupby("run_dir", sort=True):
             run = run.sort_values("epoch")
             last = run.iloc[-1]
             if pd.isna(last["coverage"]):

@@ -1,7 +1,10 @@
-"""Table IV: scaling efficiency at each P per reducer, and the speedups of gTop-k over
-dense, Top-k and DDP, over the stronger baselines DDP-fp16 and PowerSGD (torch's hooks, when
-their runs exist: ``make reproduce-fig6-baselines``), and of Top-k and dense over DDP (the
-baseline a user would pick instead; ratios of throughput, hence of efficiency), beside the paper's.
+"""Table IV: scaling efficiency at each P per reducer, and speedups (ratios of throughput,
+hence of efficiency), beside the paper's. By default (``default_pairs``, from what the
+reducer classes declare, ``analysis.reducers``): the last method in plot order that is not a
+payoff baseline (gTop-k) over every other reducer in the table (dense, Top-k, then DDP and,
+when their runs exist, the stronger baselines DDP-fp16 and PowerSGD: ``make
+reproduce-fig6-baselines``), and each other such method (Top-k, dense) over the baseline a
+user would pick instead (DDP).
 
     python -m analysis.figures.table4 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
@@ -16,8 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.common import model_rank, ordered, out_dir, parser, save
+from analysis.common import model_rank, out_dir, parser, save
 from analysis.figures.fig6 import add_model_args, compute
+from analysis.reducers import conf_reducers, declared, ordered
 from analysis.scaling import paper_efficiency
 
 KIND_ORDER = {"measured": 0, "modelled": 1, "paper": 2}
@@ -25,25 +29,48 @@ ROW = ["model", "cluster", "compute", "nodes", "kind"]
 
 
 def speedup_pairs(text: str) -> list[tuple[str, str]]:
-    """``"gtopk/dense,gtopk/topk"`` -> [("gtopk", "dense"), ("gtopk", "topk")]."""
+    """``"A/B,A/C"`` -> [("A", "B"), ("A", "C")] (config names of reducers)."""
     pairs = []
     for item in text.split(","):
         num, _, den = item.strip().partition("/")
         if not num or not den:
-            raise ValueError(f"--speedups item {item!r} is not NUMERATOR/DENOMINATOR, e.g. gtopk/dense")
+            raise ValueError(f"--speedups item {item!r} is not NUMERATOR/DENOMINATOR, e.g. {_example()}")
         pairs.append((num, den))
     return pairs
 
 
-def table(eff: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
-    """One row per (model, setup, P, kind): e(P) per reducer and the speedups."""
+def default_pairs(names) -> list[tuple[str, str]]:
+    """The speedups of the table of reducers ``names``: the last non-baseline in plot order
+    (the subject) over every other (non-baselines, then the payoff baselines, each in plot
+    order); then each other non-baseline, last first, over the reference baseline (the
+    payoff baseline whose update is the exact average: DDP), when it is among ``names``."""
+    names = ordered(names)
+    methods = [n for n in names if not declared(n).payoff_baseline]
+    baselines = [n for n in names if declared(n).payoff_baseline]
+    if not methods:
+        return []
+    subject, others = methods[-1], methods[:-1]
+    pairs = [(subject, other) for other in others + baselines]
+    ref = next((b for b in baselines if declared(b).exact_average), None)
+    return pairs + ([(m, ref) for m in reversed(others)] if ref else [])
+
+
+def _example() -> str:
+    """The first default pair of the reducers of ``conf/reducer``, as NUM/DEN."""
+    pairs = default_pairs(conf_reducers())
+    return "/".join(pairs[0]) if pairs else "NUMERATOR/DENOMINATOR"
+
+
+def table(eff: pd.DataFrame, pairs: list[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """One row per (model, setup, P, kind): e(P) per reducer and the speedups (``pairs``,
+    default ``default_pairs`` of the reducers in ``eff``)."""
     eff = eff.copy()
     for col in ("cluster", "compute"):
         eff[col] = eff[col].fillna("-") if col in eff else "-"
     wide = eff.pivot_table(index=ROW, columns="reducer", values="efficiency", aggfunc="median")
     reducers = ordered(wide.columns)
     out = wide[reducers].rename(columns={r: f"e_{r}" for r in reducers})
-    for num, den in pairs:
+    for num, den in default_pairs(reducers) if pairs is None else pairs:
         if num in wide and den in wide:
             out[f"{num}/{den}"] = wide[num] / wide[den]
         else:
@@ -72,13 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     add_model_args(ap)
     ap.add_argument(
         "--speedups",
-        default="gtopk/dense,gtopk/topk,gtopk/ddp,gtopk/ddp_fp16,gtopk/powersgd,topk/ddp,dense/ddp",
-        help="comma-separated NUMERATOR/DENOMINATOR reducer pairs",
+        help="comma-separated NUMERATOR/DENOMINATOR reducer pairs (config names); default: the last "
+        "non-baseline reducer in plot order over every other, and the other non-baselines over DDP",
     )
     args = ap.parse_args(argv)
     eff = compute(args)
     ref = paper_efficiency(eff["model"].unique()).assign(cluster="paper", compute="P102-100")
-    t = table(pd.concat([eff, ref], ignore_index=True), speedup_pairs(args.speedups))
+    pairs = speedup_pairs(args.speedups) if args.speedups else None
+    t = table(pd.concat([eff, ref], ignore_index=True), pairs)
     folder = out_dir(args.roots, args.out)
     save(None, t, folder, "table4")
     md = Path(folder) / "table4.md"

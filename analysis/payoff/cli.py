@@ -14,8 +14,10 @@ A P with no training run is ``no run``; with ``--borrow`` it takes the iteration
 nearest trained P (in log2 P, ties to the smaller) and is marked ``borrowed``. Seeds,
 ``budget-limited`` cells and the density picked per reducer: ``analysis.payoff.cells``.
 Writes payoff.csv, payoff_best.csv (each reducer at its best trained density), a map per
-model and compute profile (``analysis.payoff.maps``) and payoff_verdicts.txt into
-``<first RUN>/analysis/`` (or --out). See docs/payoff.md.
+model and compute profile (``analysis.payoff.maps``), payoff_verdicts.txt and
+payoff_versus.{csv,md} (each reducer against each payoff baseline per trained P and network,
+with each t_iter's source: ``analysis.payoff.versus``) into ``<first RUN>/analysis/`` (or
+--out). See docs/payoff.md.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
+from analysis.payoff import versus
 from analysis.payoff.cells import best_rows, pick_density, seeds_reach
 from analysis.payoff.itertime import ComputeProfile, IterTimes, Net, Reducer, compute_profile, networks
 from analysis.payoff.maps import write_maps
-from analysis.payoff.verdict import BASELINE, CELL, SETUP, best_verdicts, fastest, verdicts
-from analysis.training import CONF, DENSE, Target, TrainRun, load_train_runs
+from analysis.payoff.verdict import CELL, SETUP, best_verdicts, fastest, verdicts
+from analysis.reducers import conf_reducers, payoff_baselines, reference_baseline
+from analysis.training import Target, TrainRun, load_train_runs
 from gtopk.perf.model import NetworkProfile
 from gtopk.records.profiles import LOCAL_PROFILE
 
@@ -59,19 +62,21 @@ Key = tuple  # (reducer label, density or None): one line of the analysis
 
 def reducers(runs: Sequence[TrainRun]) -> tuple[dict[Key, Reducer], dict[Key, list[TrainRun]], dict[Key, str]]:
     """Per (label, density): the Reducer (config, fallback overheads of its run with the
-    fewest workers), its runs, and where its iterations come from; DDP added (dense's
-    runs) when it was not trained."""
+    fewest workers), its runs, and where its iterations come from; the reference baseline
+    (DDP, ``analysis.reducers.reference_baseline``) added when it was not trained, with the
+    runs of the reducers whose update is also the exact average (dense's)."""
     by: dict[Key, list[TrainRun]] = defaultdict(list)
     for r in runs:
         by[r.label, r.density].append(r)
     reds = {key: Reducer(key[0], rs[0].reducer_cfg, min(rs, key=lambda r: r.nodes).overheads) for key, rs in by.items()}
     origin = {key: "training run" for key in by}
-    dense = [r for r in runs if r.reducer_name in DENSE]
-    if (BASELINE, None) not in by and dense:
-        cfg = OmegaConf.to_container(OmegaConf.load(CONF / "reducer" / f"{BASELINE}.yaml"))
-        reds[BASELINE, None] = Reducer(BASELINE, cfg, min(dense, key=lambda r: r.nodes).overheads)
-        by[BASELINE, None] = dense
-        origin[BASELINE, None] = "dense training run (same update)"
+    dense = [r for r in runs if r.exact_average]
+    ref = reference_baseline()
+    if ref is not None and (ref, None) not in by and dense:
+        cfg = dict(conf_reducers()[ref])
+        reds[ref, None] = Reducer(ref, cfg, min(dense, key=lambda r: r.nodes).overheads)
+        by[ref, None] = dense
+        origin[ref, None] = "dense training run (same update)"
     return reds, by, origin
 
 
@@ -161,15 +166,15 @@ def setup_rows(
 #: payoff.csv's last columns: the seeds' spread, the regime, the density picked (analysis.payoff.cells)
 SEED_COLUMNS = ["seeds", "iterations_per_seed", "iterations_min", "iterations_max", "time_min", "time_max"]
 SEED_COLUMNS += ["coverage", "still_rising", "reducer_density", "picked"]
-#: payoff.csv's speedup columns: speedup_vs_<baseline> = its time_to_target / the row's, per cell
-SPEEDUP_BASELINES = (BASELINE, "ddp_fp16")
 
 
 def with_speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Adds ``speedup_vs_ddp`` and ``speedup_vs_ddp_fp16`` (NaN where that baseline has no
-    time: DDP-fp16 needs its own training run, its update is not dense's)."""
+    """Adds ``speedup_vs_<baseline>`` = that baseline's time_to_target / the row's, per cell,
+    for every payoff baseline (``analysis.reducers.payoff_baselines``: DDP, DDP-fp16,
+    PowerSGD); NaN where that baseline has no time (DDP-fp16 and PowerSGD need their own
+    training runs: their updates are not dense's)."""
     out = df
-    for base in SPEEDUP_BASELINES:
+    for base in payoff_baselines():
         t = df[df["reducer"] == base][CELL + ["time_to_target"]].rename(columns={"time_to_target": "base_time"})
         out = out.merge(t, on=CELL, how="left")
         out[f"speedup_vs_{base}"] = out["base_time"] / out["time_to_target"]
@@ -192,7 +197,7 @@ def payoff_table(
     rows = [row for key in sorted(groups) for row in setup_rows(groups[key], targets, nets, computes, times, borrow)]
     df = pick_density(with_speedups(pd.DataFrame(rows)))
     front = CELL + ["reducer", "status", "iterations_to_target", "t_iter", "time_to_target"]
-    front += [f"speedup_vs_{b}" for b in SPEEDUP_BASELINES]
+    front += [f"speedup_vs_{b}" for b in payoff_baselines()]
     return df[front + [c for c in df.columns if c not in front + SEED_COLUMNS] + SEED_COLUMNS]
 
 
@@ -282,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
     best_cells = fastest(best, [c for c in CELL if c != "density"])
     paths = [out / "payoff.csv", out / "payoff_best.csv", *write_maps(cells, out, best_cells)]
     lines = verdicts(df, cells) + best_verdicts(best, best_cells)
+    against = versus.versus(best)
+    against.to_csv(out / "payoff_versus.csv", index=False)
+    (out / "payoff_versus.md").write_text(versus.markdown(against))
+    paths += [out / "payoff_versus.csv", out / "payoff_versus.md"]
     (out / "payoff_verdicts.txt").write_text("".join(f"{text}\n" for _, text in lines))
     paths.append(out / "payoff_verdicts.txt")
     for p in paths:

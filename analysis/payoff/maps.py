@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.payoff.verdict import MODELS, SETUP, short  # noqa: E402
+from analysis.payoff.verdict import MODELS, SETUP  # noqa: E402
+from analysis.reducers import reference_display, short  # noqa: E402
 
 GREY = {"no run": 0.80, "budget-limited": 0.72, "not reached": 0.65, "no time": 0.90}
 SPAN = 3.0  # colour scale: log2(speedup) in [-SPAN, SPAN]
@@ -36,7 +37,7 @@ def cell_text(c: pd.Series) -> str:
     name = short(c["fastest"])
     if not pd.isna(c.get("fastest_rho", math.nan)):
         name += f" {c['fastest_rho']:g}"
-    text = f"{name}\nno DDP" if math.isnan(c["speedup"]) else f"{name}\n{c['speedup']:.2g}x"
+    text = f"{name}\nno {reference_display()}" if math.isnan(c["speedup"]) else f"{name}\n{c['speedup']:.2g}x"
     if not c.get("separated", True):
         text += "\n(noise)"
     return ("~" if c["borrowed"] else "") + text
@@ -88,11 +89,13 @@ def plot(cells: pd.DataFrame, name: str, best: pd.DataFrame | None = None) -> pl
         for col, (ax, t) in enumerate(zip(row, targets)):
             sel = cells[(cells["density"] == d) & (cells["target"] == t)]
             rho = "best rho per reducer" if d < 0 else f"rho {d:g}"
-            image = panel(ax, sel, f"{name}, {rho}: fastest to {t}, speedup over DDP", labels=col == 0)
+            image = panel(
+                ax, sel, f"{name}, {rho}: fastest to {t}, speedup over {reference_display()}", labels=col == 0
+            )
     bar = fig.colorbar(image, ax=axes, shrink=0.8, ticks=range(-int(SPAN), int(SPAN) + 1))
     bar.solids.set_alpha(1.0)
     bar.ax.set_yticklabels([f"{2.0**k:g}x" for k in range(-int(SPAN), int(SPAN) + 1)])
-    bar.set_label("time to target: DDP / fastest")
+    bar.set_label(f"time to target: {reference_display()} / fastest")
     fig.text(
         0.01,
         1.0,

@@ -22,8 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.payoff.itertime import IterTimes, Net, Reducer, compute_profile, ran_on
+from analysis.reducers import declared
 from analysis.training import reducer_label
-from gtopk.perf.model import NetworkProfile, reducer_class
+from gtopk.perf.model import NetworkProfile
 from gtopk.records.rundir import finished
 
 KEYS = ["bandwidth", "model", "nodes", "reducer"]
@@ -77,7 +78,7 @@ def validation_rows(root: str | Path, profiles: list[NetworkProfile], compute_ar
         pred, where = times.modelled(s["model"], int(s["params"]), reducer, P, batch, accum, net, compute)
         if pred is None:
             continue
-        overlaps = bool(getattr(reducer_class(reducer.cfg), "overlaps_backward", False))
+        overlaps = declared(cfg["reducer_name"], reducer.cfg).overlaps_backward
         rows.append(
             {
                 "bandwidth": net.cluster.get("bandwidth", net.name),

@@ -16,35 +16,13 @@ import math
 
 import pandas as pd
 
+from analysis.reducers import display, payoff_baselines, reference_baseline, reference_display
+
 MODELS = {"resnet20": "ResNet-20", "vgg16": "VGG-16", "alexnet": "AlexNet", "resnet50": "ResNet-50"}
-REDUCERS = {
-    "gtopk": "gTop-k",
-    "gtopk_exact": "gTop-k exact",
-    "topk": "Top-k",
-    "dense": "dense",
-    "ddp": "DDP",
-    "ddp_fp16": "DDP-fp16",
-    "powersgd": "PowerSGD",
-}
-BASELINE = "ddp"
-#: the stronger baselines a verdict also names, when they were trained (DDP-fp16 is payoff.csv's second column)
-ALSO_AGAINST = ("ddp_fp16", "powersgd")
 SETUP = ["model", "data", "batch_per_worker", "grad_accum"]
 CELL = SETUP + ["density", "nodes", "network", "compute_profile", "target"]
 #: a cell's state when no reducer reaches the target, by priority
 STATES = ("budget-limited", "not reached", "no time", "no run")
-
-
-def display(label: str) -> str:
-    """A reducer label for people: ``gtopk putback=exact`` -> ``gTop-k putback=exact``."""
-    name, *rest = label.split(" ")
-    return " ".join([REDUCERS.get(name, name), *rest])
-
-
-def short(label: str) -> str:
-    """For a map cell: ``gtopk putback=exact`` -> ``gTop-k exact``."""
-    name, *rest = label.split(" ")
-    return " ".join([REDUCERS.get(name, name), *(r.split("=", 1)[-1] for r in rest)])
 
 
 def spread(g: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -63,8 +41,9 @@ def fastest(df: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
     DDP time), ``separated`` (its slowest seed beats every other reducer's fastest),
     ``runner_up``, ``beats_ddp`` (its slowest seed beats DDP's fastest), ``seeds`` (the most
     any reducer had), ``borrowed`` (iterations from another P), bandwidth and whether
-    calibrated."""
+    calibrated. DDP: the reference baseline (``analysis.reducers.reference_baseline``)."""
     keys = CELL if keys is None else keys
+    ref = reference_baseline()
     rows = []
     for key, g in df.groupby(keys, sort=True):
         row = dict(zip(keys, key))
@@ -79,11 +58,11 @@ def fastest(df: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
         lo, hi = spread(ok)
         i = ok["time_to_target"].idxmin()
         best, others = ok.loc[i], ok.drop(index=i)
-        ddp = ok[ok["reducer"] == BASELINE]
-        row.update(state="ok", fastest=best["reducer"], speedup=best["speedup_vs_ddp"])
+        ddp = ok[ok["reducer"] == ref]
+        row.update(state="ok", fastest=best["reducer"], speedup=best.get(f"speedup_vs_{ref}", math.nan))
         row.update(time_to_target=best["time_to_target"], separated=others.empty or hi[i] < lo[others.index].min())
         row["runner_up"] = None if others.empty else others.loc[others["time_to_target"].idxmin(), "reducer"]
-        row["beats_ddp"] = best["reducer"] != BASELINE and not ddp.empty and hi[i] < lo[ddp.index].min()
+        row["beats_ddp"] = best["reducer"] != ref and not ddp.empty and hi[i] < lo[ddp.index].min()
         if "rho" in ok:
             row["fastest_rho"] = best["rho"]
         rows.append(row)
@@ -98,6 +77,7 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     """One line for the cells (over P) of one setup, density, network, compute and target;
     ``rows`` are payoff.csv's rows of the same."""
     c0 = cells.iloc[0]
+    ref, ddp_name = reference_baseline(), reference_display()
     head = f"{MODELS.get(c0['model'], c0['model'])}, rho {c0['density']:g}, {c0['network']}, compute {c0['compute_profile']}: "
     target = c0["target"]
     trained = cells[~cells["borrowed"] & (cells["state"] != "no run")].sort_values("nodes")
@@ -111,19 +91,19 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     both = trained[(trained["state"] == "ok") & trained["speedup"].notna()]
     if both.empty:
         states = ", ".join(f"P = {int(c['nodes'])}: {c['state']}" for _, c in trained.iterrows()) or "no trained P"
-        return f"{head}no P where DDP and another reducer both have a time to {target} ({states}){tail}"
+        return f"{head}no P where {ddp_name} and another reducer both have a time to {target} ({states}){tail}"
     gain = both["beats_ddp"].astype(bool) & (both["speedup"] > 1)
-    ddp_first = (both["fastest"] == BASELINE) & both["separated"].astype(bool)
+    ddp_first = (both["fastest"] == ref) & both["separated"].astype(bool)
     noise = both[~gain & ~ddp_first]["nodes"]
     seeds = f" ({int(both['seeds'].max())} seeds)" if both["seeds"].max() > 1 else ""
     within = f"; within the noise of the seeds at P = {_ps(noise)}" if len(noise) else ""
     if not gain.any():
         if not ddp_first.any():
             return f"{head}within the noise of the seeds at every trained P ({_ps(both['nodes'])}){seeds}{tail}"
-        return f"{head}DDP reaches {target} soonest at {_every(both, ddp_first)}{within}{seeds}{tail}"
+        return f"{head}{ddp_name} reaches {target} soonest at {_every(both, ddp_first)}{within}{seeds}{tail}"
     best = both[gain].loc[both[gain]["speedup"].idxmax()]
     text = (
-        f"{head}{display(best['fastest'])} reaches {target} {best['speedup']:.1f}x sooner than DDP "
+        f"{head}{display(best['fastest'])} reaches {target} {best['speedup']:.1f}x sooner than {ddp_name} "
         f"{against(rows, best['fastest'], int(best['nodes']))}at P = {int(best['nodes'])}"
     )
     losing = both[ddp_first]["nodes"]
@@ -144,13 +124,15 @@ def _every(both: pd.DataFrame, mask: pd.Series) -> str:
 
 def against(rows: pd.DataFrame, label: str, P: int) -> str:
     """``"and 1.4x as soon as DDP-fp16 and 0.9x as soon as PowerSGD "``: ``label``'s time to
-    target at P against each of ``ALSO_AGAINST`` that has one there (their time / its time;
-    nothing for a baseline without a time there, e.g. not trained)."""
+    target at P against each payoff baseline but the reference one (``analysis.reducers``)
+    that has one there (their time / its time; nothing for a baseline without a time there,
+    e.g. not trained)."""
     ok = rows[(rows["nodes"] == P) & (rows["status"] == "reached")].dropna(subset=["time_to_target"])
     lo, hi = spread(ok)
     mine = ok[ok["reducer"] == label]
     parts = []
-    for other in ALSO_AGAINST:
+    ref = reference_baseline()
+    for other in (b for b in payoff_baselines() if b != ref):
         theirs = ok[ok["reducer"] == other]
         if other != label and not mine.empty and not theirs.empty:
             apart = hi[mine.index].min() < lo[theirs.index].min() or hi[theirs.index].min() < lo[mine.index].min()

@@ -75,7 +75,7 @@ def export_analysis(folder: Path, jobs: list[Any], mode: str, wandb_dir: Path, p
     """One analysis folder -> one wandb run; returns its id."""
     import wandb
 
-    from analysis.wandb.runs import init_run, run_id
+    from analysis.wandb.runs import default_project, init_run, run_id
     from gtopk.records.summary import git_commit
 
     name, mine = experiment_of(folder, jobs)
@@ -88,7 +88,7 @@ def export_analysis(folder: Path, jobs: list[Any], mode: str, wandb_dir: Path, p
         rid,
         mode,
         wandb_dir,
-        project or (sorted(projects)[0] if projects else "gtopk"),
+        project or (sorted(projects)[0] if projects else default_project()),
         entity,
         group=name,
         job_type=ANALYSIS,

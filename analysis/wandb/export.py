@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.wandb.online import wandb_mode
-from analysis.wandb.runs import init_run, run_id
+from analysis.wandb.runs import default_project, init_run, run_id
 from gtopk.records.rundir import FAILED, LOCK, SUMMARY, RunDir, read_jsonl, run_dirs
 
 DEFAULT_DIR = Path("runs") / "wandb-export"
@@ -168,7 +168,7 @@ def export_job(job: Job, mode: str, wandb_dir: Path, project: str | None, entity
         rid,
         mode,
         wandb_dir,
-        project or (cfg.get("logger") or {}).get("project") or "gtopk",
+        project or (cfg.get("logger") or {}).get("project") or default_project(),
         entity,
         group=flat["experiment"],
         job_type=flat["reducer"],

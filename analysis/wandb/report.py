@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.wandb.online import why_not_online
+from analysis.wandb.runs import default_project
 
 #: (heading, text, figure stems, table stems, job panels) in report order
 SECTIONS = (
@@ -215,7 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", nargs="*", default=["runs"], help="folders holding the runs (default runs)")
     ap.add_argument("--entity", help="wandb user or team")
-    ap.add_argument("--project", default="gtopk", help="wandb project the runs were exported to (default gtopk)")
+    ap.add_argument(
+        "--project",
+        default=default_project(),
+        help=f"wandb project the runs were exported to (default {default_project()}: conf/config.yaml's logger.project)",
+    )
     ap.add_argument("--experiment", help="experiment name (wandb group); default: the only one under RUNS")
     args = ap.parse_args(argv)
     reason = why_not_online(args.entity)

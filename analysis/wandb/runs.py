@@ -4,11 +4,22 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Any
+
+CONFIG = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"
+
+
+@functools.cache
+def default_project() -> str:
+    """The wandb project the jobs log to by default: ``logger.project`` of ``conf/config.yaml``."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(CONFIG).logger.project)
 
 
 def run_id(path: Path) -> str:

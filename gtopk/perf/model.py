@@ -209,7 +209,7 @@ def predict_iter(
     (t_data, t_compute, t_compr, t_update of a job; missing ones count as 0)."""
     t = {k: float(local.get(k, 0.0)) for k in LOCAL_TIMES}
     t_commu = predict_commu(reducer_cfg, P, m, net, shapes)
-    if getattr(reducer_class(reducer_cfg), "overlaps_backward", False):
+    if reducer_class(reducer_cfg).overlaps_backward:  # declared by every reducer (gtopk.reducers.base)
         body = max(t["t_compute"], t_commu)
     else:
         body = t["t_compute"] + t_commu

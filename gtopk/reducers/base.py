@@ -29,13 +29,49 @@ Contract (what a newcomer needs):
   process, bit for bit for Top-k and gTop-k (``gtopk.reducers.inprocess``).
 * ``diagnostics`` (on in ``mode=train``): records also carry update_nnz, residual_norm and
   lost_l1 (``ReduceRecord``), from what the rank holds: no extra communication.
+
+Declarations (class attributes, read without building the reducer or any process group;
+``declared(settings)`` returns them for one config's settings, which is what the analyses,
+``make payoff`` and the figures read: they keep no list of reducer names):
+
+* ``display_name``: the reducer's name for people (verdicts, payoff maps); None: the name
+  of its ``conf/reducer/<name>.yaml``.
+* ``plot_order``: where it comes in figures and tables (ascending; ties and undeclared
+  ones, ``inf``, by config name).
+* ``color``: a matplotlib colour for its lines; None: the colour-blind palette's colour
+  of its position in plot order among the reducers drawn.
+* ``exact_average``: the update is exactly the mean of the P gradients (dense S-SGD,
+  DDP): its final accuracy is the relative target of ``make payoff``, and reducers with
+  this update borrow each other's iterations to a target.
+* ``overlaps_backward``: its communication runs inside backward (DDP's hooks): the
+  performance model takes ``max(t_compute, t_commu)`` instead of their sum.
+* ``hooked_backward``: set by ``wrap`` when ``overlaps_backward`` (the backward passes that
+  run and time that communication, ``gtopk.train.backward.Backward``); None otherwise.
+* ``simulatable``: ``reduce_group`` gives its semantics in one process
+  (``cluster=simulated``).
+* ``payoff_baseline``: a method users pick instead of compressing (DDP, DDP-fp16,
+  PowerSGD): ``make payoff`` gives speedups against each (``speedup_vs_<name>``); the
+  payoff baseline with ``exact_average`` (DDP) is the one every verdict is against.
+* ``reference(grads, residuals)``: the executable semantics (``gtopk.reducers.reference``)
+  with this instance's settings: what P = len(grads) ranks apply and keep (local); the
+  attribute is None where there is none (the hook baselines).
+* ``tolerance``: (rtol, atol) within which its update may differ between real ranks and
+  its reference or ``reduce_group`` (summation order of a backend's all-reduce, fp16
+  rounding); None: bit for bit where it selects (``uses_density``), else float32 rounding
+  (rtol 1e-5, atol 1e-6) (``gtopk.perf.schedulecheck.same_update``).
+* ``schedule_tolerance``: the relative error its ``predict_commu`` may have against one
+  recorded step (0: equal; a model averaged over steps, or assuming balanced data, states
+  how far one step may stray).
+* ``predict_commu(P, m, net, **settings)``: the alpha-beta time of one ``reduce`` (above).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -45,6 +81,11 @@ from gtopk.host import Clock
 
 if TYPE_CHECKING:
     from gtopk.reducers.costmodel import Network
+    from gtopk.train.backward import Backward
+
+#: ``Reducer.reference``: (each rank's gradient, its residual before the step or None) ->
+#: (the update every rank applies, each rank's residual after the step)
+Reference = Callable[[list[Tensor], list[Tensor | None] | None], tuple[Tensor, list[Tensor]]]
 
 
 @dataclass
@@ -92,6 +133,21 @@ class ReduceRecord:
         self.bytes_recv = traffic.bytes_recv
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What a reducer class declares for one config's settings (``Reducer.declared``);
+    the fields are the class attributes of the same names (see the module docstring)."""
+
+    display_name: str | None
+    plot_order: float
+    color: str | None
+    exact_average: bool
+    overlaps_backward: bool
+    simulatable: bool
+    payoff_baseline: bool
+    has_reference: bool
+
+
 def validate_density(density: float) -> float:
     """Return density as float, or raise a ValueError naming the setting and the fix."""
     try:
@@ -126,10 +182,38 @@ class Reducer(ABC):
 
     uses_density: bool = False
     _density: float = 1.0
-    #: ``reduce_group`` gives this reducer's semantics in one process (``cluster=simulated``)
-    simulatable: ClassVar[bool] = False
     #: records carry update_nnz, residual_norm and lost_l1 (``ReduceRecord``)
     diagnostics: bool = False
+    # -- declarations (module docstring); the defaults are those of a new reducer --
+    display_name: ClassVar[str | None] = None
+    plot_order: ClassVar[float] = math.inf
+    color: ClassVar[str | None] = None
+    exact_average: ClassVar[bool] = False
+    overlaps_backward: ClassVar[bool] = False
+    #: ``reduce_group`` gives this reducer's semantics in one process (``cluster=simulated``)
+    simulatable: ClassVar[bool] = False
+    payoff_baseline: ClassVar[bool] = False
+    #: a method ``reference(grads, residuals)`` where the reducer has one (``Reference``)
+    reference: ClassVar[Reference | None] = None
+    hooked_backward: Backward | None = None
+    tolerance: ClassVar[tuple[float, float] | None] = None
+    schedule_tolerance: ClassVar[float] = 0.0
+
+    @classmethod
+    def declared(cls, settings: Mapping[str, Any] | None = None) -> Declared:
+        """Local; no instance needed. The declarations for a config's ``settings`` (its
+        ``conf/reducer`` yaml or a record's ``reducer`` node; None: the class's own). A
+        class whose variants differ (gTop-k's put-back) overrides this."""
+        return Declared(
+            display_name=cls.display_name,
+            plot_order=float(cls.plot_order),
+            color=cls.color,
+            exact_average=bool(cls.exact_average),
+            overlaps_backward=bool(cls.overlaps_backward),
+            simulatable=bool(cls.simulatable),
+            payoff_baseline=bool(cls.payoff_baseline),
+            has_reference=cls.reference is not None,
+        )
 
     def __init__(self, group: dist.ProcessGroup | None = None, align_timing: bool = False):
         self.group = group

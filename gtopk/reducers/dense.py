@@ -6,6 +6,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
+from gtopk.reducers import reference
 from gtopk.reducers.base import Reducer, ReduceRecord
 from gtopk.reducers.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
 from gtopk.reducers.inprocess import dense_group
@@ -29,6 +30,11 @@ class DenseReducer(Reducer):
     there is no state (``state_dict()`` is ``{}``). With one worker the update is the gradient.
     """
 
+    display_name = "dense"
+    plot_order = 10
+    exact_average = True
+    simulatable = True
+
     def __init__(self, bucket_mb: float = 25.0, group: dist.ProcessGroup | None = None, align_timing: bool = False):
         if not bucket_mb > 0:  # settings first (gtopk.run.checks builds reducers in the parent)
             raise ValueError(f"reducer.bucket_mb={bucket_mb!r} must be > 0 (MiB per bucket), e.g. 25")
@@ -43,6 +49,10 @@ class DenseReducer(Reducer):
     def predict_commu(cls, P: int, m: int, net: Network, bucket_mb: float = 25.0, **_) -> float:
         """Ring all-reduce per bucket, buckets one after another."""
         return dense_time(P, bucket_sizes(m, bucket_numel(bucket_mb)), net)
+
+    def reference(self, grads: list[Tensor], residuals: list[Tensor | None] | None = None):
+        """Local. ``gtopk.reducers.reference.dense``: the mean of the gradients, nothing kept."""
+        return reference.dense(grads)
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
         t0 = self._commu_start(clock)
@@ -64,8 +74,6 @@ class DenseReducer(Reducer):
         if self.diagnostics:  # every entry applied, nothing kept back or lost
             rec.update_nnz, rec.residual_norm, rec.lost_l1 = out.numel(), 0.0, 0.0
         return out
-
-    simulatable = True
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):

@@ -43,7 +43,7 @@ from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, read_jsonl, write_json_
 from gtopk.records.summary import git_commit
 from gtopk.run import runner
 
-log = logging.getLogger("gtopk")
+log = logging.getLogger(__name__.split(".")[0])  # the package's logger (gtopk)
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
