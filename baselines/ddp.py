@@ -16,6 +16,9 @@ The hook baselines (``baselines.fp16``, ``baselines.powersgd``) are this reducer
 another communication inside the same timing hook: torch's own hooks, called as they are
 (``communicate``). The hook also notes the elements each bucket's all-reduces carried, from
 which the record reports what the step sent (``payload_bytes``, and ring traffic).
+With ``cluster=simulated`` the hook baselines run the same ``communicate`` for P virtual
+ranks of one process, on DDP's buckets (``prepare_group``, ``reduce_group``:
+``baselines.inprocess``); plain DDP is refused there (``reducer=dense`` is its update).
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
@@ -27,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from baselines.inprocess import HookGroup, hook_group
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import VALUE_BYTES, dense_traffic
@@ -130,6 +134,10 @@ class DDPReducer(DenseReducer):
     #: bytes per element on the wire (the fp16 hook: 2)
     word: int = VALUE_BYTES
 
+    display_name = "DDP"
+    plot_order = 20
+    #: the update is dense's (``exact_average`` and ``reference`` come from DenseReducer)
+    payoff_baseline = True
     #: the model (gtopk.perf.model) takes max(t_compute, t_commu) instead of their sum
     overlaps_backward = True
     #: DDP all-reduces from backward hooks across real processes (cluster=simulated: reducer=dense)
@@ -150,12 +158,12 @@ class DDPReducer(DenseReducer):
                 model, bucket_cap_mb=self.bucket_mb, process_group=self.group, broadcast_buffers=False, init_sync=False
             )
         self.hooked_backward = TimedAllReduce(next(model.parameters()).device, self.communicate)
-        ddp.register_comm_hook(self.hook_state(), self.hooked_backward.hook)  # hook(state, bucket)
+        ddp.register_comm_hook(self.hook_state(self.group, model), self.hooked_backward.hook)  # hook(state, bucket)
         return ddp
 
-    def hook_state(self) -> object:
-        """The state DDP passes to the hook (here: the process group)."""
-        return self.group
+    def hook_state(self, group: dist.ProcessGroup | None, model: nn.Module) -> object:
+        """The state DDP passes to the hook for ``model`` (here: the process group)."""
+        return group
 
     def communicate(self, state: object, bucket: dist.GradBucket):
         """Collective. One bucket's communication (see ``Communicate``)."""
@@ -166,8 +174,37 @@ class DDPReducer(DenseReducer):
         return self.hooked_backward.take_sent() if self.hooked_backward else []
 
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
-        sent = [n for n in self._sent() if n]
-        rec.selected = grad.numel()
-        rec.payload_bytes = sum(sent) * self.word
-        rec.set_traffic(dense_traffic(self.world_size, sent, self.word))
+        self.record(rec, [n for n in self._sent() if n], grad.numel(), self.world_size)
         return grad if out is None or out is grad else out.copy_(grad)
+
+    def record(self, rec: ReduceRecord, sent: list[int], m: int, P: int) -> None:
+        """Local. A step's record from the elements of its all-reduces (``sent``, none
+        empty) on P ranks, m gradient entries: what they carried and their ring traffic."""
+        rec.selected = m
+        rec.payload_bytes = sum(sent) * self.word
+        rec.set_traffic(dense_traffic(P, sent, self.word))
+
+    # -- cluster=simulated: the hooks of P virtual ranks in one process (baselines.inprocess) --
+    #: the in-process group this reducer is a rank of (set by ``prepare_group``; None: P = 1)
+    simulation: HookGroup | None = None
+    #: what ``communicate`` gets as its state there (``hook_state`` for the rank's group)
+    comm_state: object = None
+
+    @classmethod
+    def prepare_group(cls, workers: list, model: nn.Module, input_shape: tuple[int, ...]) -> None:
+        """Local. Make ``workers[i]`` rank i of an in-process group of P = len(workers) for
+        ``model`` (inputs of ``input_shape``): DDP's bucket layouts, each rank's hook state.
+        With one worker there is no hook (as ``wrap``). Call once, before ``load_state_dict``."""
+        if len(workers) == 1:
+            return
+        shared = HookGroup(len(workers), model, input_shape, workers[0].bucket_mb)
+        for rank, w in enumerate(workers):
+            w.simulation = shared
+            w.comm_state = w.hook_state(shared.group(rank), model)
+
+    @classmethod
+    def reduce_group(cls, workers, grads, accumulated=False):
+        """Local: ``baselines.inprocess.hook_group`` (after ``prepare_group``)."""
+        if accumulated:
+            raise ValueError("the hook baselines keep no residual rows: their gradients cannot have been accumulated")
+        return hook_group(workers, grads)

@@ -23,6 +23,8 @@ statistics) is this reducer's ``state_dict``: cut per parameter (``baselines.pow
 so that a resumed job, whose new DDP has other buckets, continues as the uninterrupted one
 would. torch's own pickling of ``PowerSGDState`` drops the process group and restores the
 default one (pytorch#75666): it is not used; the state object keeps this reducer's group.
+With ``cluster=simulated`` each virtual rank's reducer holds its own state, in the same
+checkpoint format (``baselines.inprocess``).
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
@@ -30,7 +32,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from baselines import powersgd_state as pieces
@@ -53,6 +54,13 @@ def _flag(name: str, value: Any) -> bool:
 
 class PowerSGDReducer(DDPReducer):
     """DDP + ``powerSGD_hook`` (collective: the hook's all-reduces, issued by DDP from backward)."""
+
+    #: cluster=simulated runs torch's hook on P virtual ranks (``baselines.inprocess``)
+    simulatable = True
+    display_name = "PowerSGD"
+    plot_order = 40
+    exact_average = False  # a rank-r approximation
+    reference = None
 
     def __init__(
         self,
@@ -110,13 +118,11 @@ class PowerSGDReducer(DDPReducer):
                 f"or benchmark.warmup>={start}"
             )
 
-    def hook_state(self) -> PowerSGDState:
-        self.state = PowerSGDState(process_group=self.group, compression_stats_logging_frequency=2**62, **self.settings)
-        return self.state
-
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+    def hook_state(self, group: dist.ProcessGroup | None, model: torch.nn.Module) -> PowerSGDState:
+        """This rank's ``PowerSGDState`` in ``group`` (kept as ``state``) for ``model``."""
         self._index = {id(p): i for i, p in enumerate(model.parameters())}
-        return super().wrap(model)
+        self.state = PowerSGDState(process_group=group, compression_stats_logging_frequency=2**62, **self.settings)
+        return self.state
 
     def _layout(self, bucket: dist.GradBucket) -> pieces.Layout:
         base = bucket.buffer().data_ptr()
@@ -157,10 +163,10 @@ class PowerSGDReducer(DDPReducer):
             )
         return fut, sent
 
-    def _reduce(self, grad: Tensor, rec: ReduceRecord, clock, out: Tensor | None = None) -> Tensor:
-        update = super()._reduce(grad, rec, clock, out)
-        rec.selected = rec.payload_bytes // self.word if self.world_size > 1 else grad.numel()
-        return update
+    def record(self, rec: ReduceRecord, sent: list[int], m: int, P: int) -> None:
+        """``DDPReducer.record``; ``selected``: the elements sent (m with one rank)."""
+        super().record(rec, sent, m, P)
+        rec.selected = rec.payload_bytes // self.word if P > 1 else m
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -192,7 +198,10 @@ class PowerSGDReducer(DDPReducer):
             raise ValueError(f"the checkpoint's PowerSGD settings {state['powersgd']} differ from {self.settings}")
         s = self.state
         if s is None:
-            raise ValueError("PowerSGD state needs the hook: load it after wrap() with more than one worker")
+            raise ValueError(
+                "PowerSGD state needs the hook: load it after wrap() (cluster=simulated: prepare_group) "
+                "with more than one worker"
+            )
         s.iter = state["iter"]
         s.total_numel_before_compression, s.total_numel_after_compression = state["totals"]
         pieces.rng_from_tensors(s.rng, state["rng"])

@@ -21,7 +21,9 @@ agrees to float rounding per step (``tests/unit/test_batched.py``).
 
 Rows: t_data, t_compute, t_check, t_compr, loss and the diagnostics are the rank's own;
 t_commu is 0 (nothing is sent; bytes_* and messages_sent are what the rank would send,
-from the cost model); t_update is the step's shared part (aggregation and SGD step);
+from the cost model; the hook baselines' also ``payload_bytes``, from the buckets their
+hooks all-reduced, ``baselines.inprocess``); t_update is the step's shared part
+(aggregation, the hooks included, and SGD step);
 t_iter is the whole step, so ``images_per_s_per_worker`` is batch / step time and P times
 it the job's throughput. Not collective: the process needs no process group.
 """

@@ -14,7 +14,8 @@ between real ranks is kept per ``VirtualRank``:
 * its BatchNorm running statistics (swapped in the same way; rank i's forward passes
   update rank i's, evaluation uses each rank's own on its own test shard, as
   ``Worker.evaluate`` does before its all_reduce);
-* its reducer: error-feedback residual and records (``Reducer.reduce_group``);
+* its reducer: error-feedback residual and records (``Reducer.reduce_group``); the hook
+  baselines' torch hook state, in an in-process group (``baselines.inprocess``);
 * its records: ``iters.rank<i>.jsonl`` and checkpoint file, in the distributed format.
 
 A step computes the P gradients one after another (the exact mode) or, with
@@ -96,11 +97,15 @@ class SimulatedWorker:
         self.clock = Clock(device)
         self.compute = instantiate(cfg.compute)
         self.compute.prepare(self)
-        sets = instantiate(cfg.data).datasets()
+        data = instantiate(cfg.data)
+        sets = data.datasets()
         self.buffers = list(self.model.buffers())
         start = rng_state(device)
         self.ranks = [VirtualRank(i, world, cfg, run_dir, sets, self.buffers, start) for i in range(world)]
         self.reducer = self.ranks[0].reducer  # settings (density) as the job reports them
+        prepare = getattr(type(self.reducer), "prepare_group", None)  # the hook baselines: DDP's buckets
+        if prepare is not None:
+            prepare([vr.reducer for vr in self.ranks], self.model, data.sample_shape() or tuple(sets[0][0][0].shape))
         self.store = Store(RunDir(run_dir), world)  # checkpoint generations (gtopk.train.checkpoint)
         self.batched: BatchedGradients | None = None
         self.accumulated = False  # this step's gradients went straight into the residuals
@@ -212,14 +217,15 @@ class SimulatedWorker:
         bad = [i for i, row in enumerate(rows) if row.pop("bad")]  # every rank's verdict, as the guard's
         t2 = clock()
         recs = [ReduceRecord() for _ in self.ranks]
-        if not bad:  # a step with a non-finite gradient applies nothing (nonfinite=skip)
-            reducers = [vr.reducer for vr in self.ranks]
-            if self.accumulated:  # the rows of the residual matrix give the shapes
-                grads = list(residual_matrix(reducers).unbind(0))
-            else:
-                grads = [vr.grad for vr in self.ranks]
-            update, recs = type(reducers[0]).reduce_group(reducers, grads, self.accumulated)
-            self.apply(update, lr)
+        reducers = [vr.reducer for vr in self.ranks]
+        # DDP's hooks communicate inside backward, before the check: then on such a step too
+        if not bad or getattr(type(reducers[0]), "overlaps_backward", False):
+            # accumulated: the rows of the residual matrix give the shapes
+            grads = list(residual_matrix(reducers).unbind(0)) if self.accumulated else [vr.grad for vr in self.ranks]
+            update, done = type(reducers[0]).reduce_group(reducers, grads, self.accumulated)
+            if not bad:  # a step with a non-finite gradient applies nothing (nonfinite=skip)
+                recs = done
+                self.apply(update, lr)
         t4 = clock()
         shared = t4 - t2 - sum(rec.t_compr for rec in recs)  # aggregating (not one rank's) + SGD step
         for vr, row, rec in zip(self.ranks, rows, recs):
@@ -241,6 +247,7 @@ class SimulatedWorker:
                 update_nnz=rec.update_nnz,
                 residual_norm=rec.residual_norm,
                 lost_l1=rec.lost_l1,
+                payload_bytes=rec.payload_bytes,
             )
         return rows
 

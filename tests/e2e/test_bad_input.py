@@ -153,8 +153,8 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
         (["mode=train", "data=digits", "model=alexnet"], ["model=alexnet cannot take", "data.channels=3"]),
         (["mode=train", "data=digits", "model=vgg16", "data.image_size=16"], ["model=vgg16", "data.image_size"]),
         (
-            ["cluster=simulated", "mode=train", "reducer=powersgd", "data=digits"],
-            ["reducer=powersgd cannot run", "cluster=local"],
+            ["cluster=simulated", "mode=train", "reducer=powersgd", "data=digits", "grad_accum=2"],
+            ["reducer=powersgd with grad_accum=2", "grad_accum=1", "cluster=local"],
         ),
         (["reducer=ddp_fp16", "reducer.dtype=bfloat16", "device=cpu"], ["reducer.dtype=bfloat16 needs CUDA and NCCL"]),
         (["reducer=ddp_fp16", "reducer.dtype=int8"], ["reducer.dtype='int8' is unknown; choose one of float16"]),

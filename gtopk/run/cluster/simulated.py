@@ -4,7 +4,8 @@ The job starts ONE worker process (through the same runner, watchdog and records
 real ranks) with the intra-op thread count a real rank of the job would get, and that
 process trains all P ranks (``gtopk.train.simulated``). There is no network, so only
 ``mode=train`` runs here; benchmarks (and ``gtopk.perf.netbench``) are refused before
-anything starts, as are reducers that need real processes (DDP).
+anything starts, as are reducers that need real processes (DDP; its hook baselines
+``ddp_fp16`` and ``powersgd`` run here, torch's hooks on P virtual ranks: ``baselines.inprocess``).
 
 ``batched`` (``auto`` | true | false): compute the P gradients in one vectorised pass per
 ``chunk`` ranks (``gtopk.train.batched``) or one after another (false: the exact mode,
@@ -49,10 +50,17 @@ class SimulatedCluster(Cluster):
                 f"mode={cfg.mode} with cluster=simulated: the simulated workers share one process and "
                 "have no network to time; use cluster=local or cluster=emulated to benchmark, or mode=train"
             )
-        if not get_class(cfg.reducer._target_).simulatable:
+        reducer = get_class(cfg.reducer._target_)
+        if not reducer.simulatable:
             raise ClusterError(
                 f"reducer={cfg.reducer_name} cannot run with cluster=simulated (it communicates between "
                 "real processes); use reducer=dense (the same update), topk or gtopk, or cluster=local"
+            )
+        if getattr(reducer, "overlaps_backward", False) and cfg.grad_accum != 1:
+            raise ClusterError(
+                f"reducer={cfg.reducer_name} with grad_accum={cfg.grad_accum} and cluster=simulated: DDP runs its hook "
+                "after every micro-batch's backward pass, the simulation once per step; use grad_accum=1 "
+                "(model.grad_accum.train=1) or cluster=local"
             )
         self.check_batching(cfg)
         from gtopk.run.checks import count_params, memory_total
