@@ -5,8 +5,9 @@
 They return the update every rank's ``reduce`` returns and each rank's ``ReduceRecord``,
 and leave each worker's residual as that rank's ``reduce`` leaves it.
 
-The sparse paths use the distributed reducers' own kernels (``selection.topk_indices``, as
-``topk_rows`` over all ranks' residuals held as one matrix; ``sparse.merge`` / ``keep_topk`` /
+The sparse paths use the distributed reducers' own kernels (their ``Selector``'s
+``pick_rows`` over all ranks' residuals held as one matrix: ``selection.topk_rows`` for
+``selection=exact``, ``pick`` row by row for ``sampled``; ``sparse.merge`` / ``keep_topk`` /
 ``member_mask``), the same schedules run over a list
 (``schedules.tree_reduce_local`` / ``recursive_doubling_local``: the same combines with
 the same operands, in the same order) and the same summation order, so the update and
@@ -31,7 +32,8 @@ from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import dense_traffic, gtopk_traffic, topk_traffic
 from gtopk.reducers.schedules import recursive_doubling_local, tree_reduce_local
-from gtopk.reducers.selection import k_for, topk_rows
+from gtopk.reducers.selection import k_for
+from gtopk.reducers.selector import Picks
 from gtopk.reducers.sparse import keep_topk, member_mask, merge
 
 Sparse = tuple[Tensor, Tensor]
@@ -55,20 +57,20 @@ def _diagnose(workers: list, recs: list[ReduceRecord], nnz: int, lost: list[floa
 
 def _select(
     workers: list, grads: list[Tensor], k: int, recs: list[ReduceRecord], accumulated: bool = False
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Picks]:
     """Each rank's accumulated vector (its residual buffer, ``acc = residual + grad`` as
-    ``ErrorFeedback.accumulate`` computes it) and selected indices, for all ranks at once:
-    the residuals are the rows of one [P, m] matrix (``_residual_rows``), returned, and the
-    selection is ``topk_rows`` over it ([P, k]). Each rank's ``t_compr`` gets an equal
-    share of the time."""
+    ``ErrorFeedback.accumulate`` computes it) and message, for all ranks at once: the
+    residuals are the rows of one [P, m] matrix (``_residual_rows``), returned, and the
+    messages are ``Selector.pick_rows`` over it ([P, k] each: ``topk_rows`` for
+    ``selection=exact``). Each rank's ``t_compr`` gets an equal share of the time."""
     t0 = _now(grads[0])
     acc = _residual_rows(workers, grads, accumulated)
-    sels = topk_rows(acc, k)
+    picks = workers[0].selector.pick_rows(acc, k)
     share = (_now(grads[0]) - t0) / len(workers)
-    for rec in recs:
-        rec.selected = k
+    for rec, n in zip(recs, picks.counts()):
+        rec.selected = n
         rec.t_compr += share
-    return acc, sels
+    return acc, picks
 
 
 def _rows_of(tensors: list[Tensor]) -> Tensor | None:
@@ -167,9 +169,10 @@ def topk_group(workers: list, grads: list[Tensor], accumulated: bool = False) ->
     P, m = len(grads), grads[0].numel()
     k = k_for(workers[0].density, m)
     recs = [ReduceRecord() for _ in workers]
-    matrix, sel_rows = _select(workers, grads, k, recs, accumulated)
-    accs, sels = list(matrix.unbind(0)), list(sel_rows.unbind(0))
-    parts = [(sel, acc[sel]) for acc, sel in zip(accs, sels)]
+    matrix, picks = _select(workers, grads, k, recs, accumulated)
+    accs, sels = list(matrix.unbind(0)), list(picks.idx.unbind(0))
+    owns = [picks.own(i) for i in range(P)]  # the selected entries (no padding)
+    parts = list(zip(sels, picks.val.unbind(0)))
     summed = torch.zeros_like(accs[0])
     for idx, val in parts:  # rank order, as TopKReducer sums the gathered parts
         summed.index_add_(0, idx, val)
@@ -178,13 +181,13 @@ def topk_group(workers: list, grads: list[Tensor], accumulated: bool = False) ->
         final_idx, final_val = keep_topk(union, summed[union], k)
         update = summed.zero_()
         update[final_idx] = final_val / P
-        for acc, sel, rec in zip(accs, sels, recs):
-            _timed(rec, acc.__setitem__, sel[member_mask(final_idx, sel)], 0)
+        for acc, own, rec in zip(accs, owns, recs):
+            _timed(rec, acc.__setitem__, own[member_mask(final_idx, own)], 0)
         nnz = final_idx.numel()
     else:
         update = summed.div_(P)
-        for acc, sel, rec in zip(accs, sels, recs):
-            _timed(rec, acc.__setitem__, sel, 0)
+        for acc, own, rec in zip(accs, owns, recs):
+            _timed(rec, acc.__setitem__, own, 0)
         nnz = union.numel()
     for rec in recs:
         rec.set_traffic(topk_traffic(P, k, m))
@@ -200,7 +203,8 @@ def gtopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -
     w0 = workers[0]
     k = k_for(w0.density, m)
     recs = [ReduceRecord() for _ in workers]
-    matrix, sel_rows = _select(workers, grads, k, recs, accumulated)
+    matrix, picks = _select(workers, grads, k, recs, accumulated)
+    sel_rows = picks.idx
     track = w0.diagnostics and w0.putback == "index"
     drops: list[tuple[int, Sparse]] = []  # (owner rank, entries its merge dropped)
 
@@ -214,7 +218,7 @@ def gtopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -
         return out
 
     schedule = tree_reduce_local if w0.algorithm == "tree" else recursive_doubling_local
-    values = matrix.gather(1, sel_rows)  # [P, k]: each rank's selected values
+    values = picks.val  # [P, k]: each rank's selected values (0.0 at padding)
     final_idx, final_val = schedule(list(zip(sel_rows.unbind(0), values.unbind(0))), combine)
     t0 = _now(matrix)
     if w0.putback == "exact":
@@ -222,6 +226,8 @@ def gtopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -
         matrix[:, final_idx] = 0
     else:  # each rank clears its selected entries that the final set applied, keeps the rest
         applied = member_mask(final_idx, sel_rows.reshape(-1)).view_as(sel_rows)
+        if picks.pad is not None:  # padding was not selected: its rank keeps it
+            applied &= ~picks.pad
         matrix[applied.nonzero(as_tuple=True)[0], sel_rows[applied]] = 0
     share = (_now(matrix) - t0) / P
     for rec in recs:

@@ -7,10 +7,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
+from gtopk.reducers import reference
 from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
 from gtopk.reducers.inprocess import topk_group
-from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
+from gtopk.reducers.selection import k_for
+from gtopk.reducers.selector import Selector
 from gtopk.reducers.sparse import keep_topk, member_mask
 from gtopk.reducers.wire import SparseCodec
 
@@ -25,13 +28,34 @@ class TopKReducer(SparseReducer):
     of the sum are applied; each worker puts back its selected values outside that set.
     Semantics: ``gtopk.reducers.reference.topk``. Traffic in the record is nominal
     (recursive-doubling all-gather, see gtopk.reducers.costmodel).
+
+    ``selection``: ``exact`` (the k largest) or ``sampled`` (DGC's sampled threshold, at
+    most k selected, the message padded to k: ``gtopk.reducers.selector``).
     """
 
+    display_name = "Top-k"
+    plot_order = 50
+
+    def reference(self, grads: list[Tensor], residuals: list[Tensor | None] | None = None):
+        """Local. ``gtopk.reducers.reference.topk`` of residual + gradient, these settings
+        (the exact selection's semantics)."""
+        accs = [g if r is None else r + g for g, r in zip(grads, residuals or [None] * len(grads))]
+        return reference.topk(accs, k_for(self.density, grads[0].numel()), reselect=self.reselect)
+
     def __init__(
-        self, density: float, reselect: bool = False, group: dist.ProcessGroup | None = None, align_timing: bool = False
+        self,
+        density: float,
+        reselect: bool = False,
+        group: dist.ProcessGroup | None = None,
+        align_timing: bool = False,
+        selection: str = "exact",
+        sample_ratio: float = SAMPLE_RATIO,
+        max_refine: int = MAX_REFINE,
     ):
+        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selector
         super().__init__(density, group, align_timing)
         self.reselect = bool(reselect)
+        self.selection = selection
 
     @classmethod
     def predict_commu(cls, P: int, m: int, net: Network, density: float = 0.001, **_) -> float:
@@ -43,8 +67,8 @@ class TopKReducer(SparseReducer):
         k = k_for(self.density, m)
         t0 = clock()
         acc = self.feedback.accumulate(grad)
-        sel = topk_indices(acc, k)
-        vals = acc[sel]
+        picks = self.selector.pick(acc, k)  # k entries on the wire; ``own``: the selected ones
+        sel, vals, own = picks.idx, picks.val, picks.own()
         t1 = clock()
         t1c = self._commu_start(clock)
         codec = SparseCodec(k, m, grad.device)
@@ -67,12 +91,12 @@ class TopKReducer(SparseReducer):
             update = summed.div_(P)
         t3 = clock()
         if self.reselect:
-            acc[sel[member_mask(final_idx, sel)]] = 0
+            acc[own[member_mask(final_idx, own)]] = 0
         else:
-            acc[sel] = 0
+            acc[own] = 0
         t4 = clock()
         traffic = topk_traffic(P, k, m)
-        rec.selected = k
+        rec.selected = own.numel()
         rec.set_traffic(traffic)
         rec.t_compr = (t1 - t0) + (t4 - t3)
         rec.t_commu = t2 - t1c

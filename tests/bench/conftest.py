@@ -36,10 +36,12 @@ def ratio_lines() -> list[str]:
         if ours is None or ref is None:
             continue
         merge = RESULTS.get(("merge", model, threads))
+        sampled = RESULTS.get(("sampled", model, threads))
         lines.append(
             f"  {model:9s} threads={threads}  abs_max {t_max * 1e3:8.2f} ms   "
             f"topk_indices/abs_max {ours / t_max:5.2f}   torch.topk/abs_max {ref / t_max:5.2f}"
             + (f"   merge {merge * 1e3:7.2f} ms" if merge is not None else "")
+            + (f"   sampled/topk_indices {sampled / ours:5.2f}" if sampled is not None else "")
         )
     return lines
 

@@ -1,11 +1,12 @@
 """Speed of top-k selection relative to one pass over the data, at the paper's model sizes.
 
 ``python -m tests.bench.selection_bench`` times, on one fp32 ``randn`` vector per size m and
-k = int(0.001 m), ``topk_indices(x, k)``, ``torch.topk(x.abs(), k)`` and the yardstick
-``x.abs().max()``. The three are called round-robin (so that load from other processes
+k = int(0.001 m), ``topk_indices(x, k)`` (``selection=exact``), ``sampled_indices(x, k)``
+(``selection=sampled``, DGC's sampled threshold), ``torch.topk(x.abs(), k)`` and the
+yardstick ``x.abs().max()``. They are called round-robin (so that load from other processes
 hits all of them alike), and the table shows the medians and the ratios of the medians
-to ``x.abs().max()`` — with torch's default thread count and with one thread — and the
-median time of ``merge`` of two k-entry sparse vectors.
+to ``x.abs().max()`` — with torch's default thread count and with one thread — the ratio
+sampled / exact, and the median time of ``merge`` of two k-entry sparse vectors.
 
 ``python -m tests.bench.selection_bench --from-json runs/bench/bench-<time>.json`` prints the
 same table from the medians of a ``make bench`` run, and its harness-overhead figure.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from gtopk.reducers.sampled import sampled_indices
 from gtopk.reducers.selection import topk_indices
 from gtopk.reducers.sparse import merge
 
@@ -51,6 +53,7 @@ def candidates(x: torch.Tensor, k: int) -> dict[str, Callable[[], object]]:
         "abs_max": lambda: x.abs().max(),
         "topk_indices": lambda: topk_indices(x, k),
         "torch_topk": lambda: torch.topk(x.abs(), k, sorted=False),
+        "sampled": lambda: sampled_indices(x, k),
     }
 
 
@@ -87,6 +90,7 @@ def measure(threads: int, reps: int, sizes: dict[str, int] = SIZES) -> list[dict
                     **med,
                     "ratio_topk_indices": med["topk_indices"] / med["abs_max"],
                     "ratio_torch_topk": med["torch_topk"] / med["abs_max"],
+                    "ratio_sampled_exact": med["sampled"] / med["topk_indices"],
                 }
             )
     finally:
@@ -98,14 +102,16 @@ def table(rows: list[dict]) -> str:
     """Markdown table of ``measure`` rows (milliseconds and ratios)."""
     lines = [
         "| model | m | k | threads | abs().max() ms | topk_indices ms | torch.topk ms "
-        "| topk_indices / abs_max | torch.topk / abs_max | merge ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| topk_indices / abs_max | torch.topk / abs_max | merge ms | sampled ms | sampled / topk_indices |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        sampled = r.get("sampled")  # a JSON of a run from before the sampled selection has none
         lines.append(
             f"| {r['model']} | {r['m']:,} | {r['k']:,} | {r['threads']} | {r['abs_max'] * 1e3:.2f} "
             f"| {r['topk_indices'] * 1e3:.2f} | {r['torch_topk'] * 1e3:.2f} "
-            f"| {r['ratio_topk_indices']:.2f} | {r['ratio_torch_topk']:.2f} | {r['merge'] * 1e3:.2f} |"
+            f"| {r['ratio_topk_indices']:.2f} | {r['ratio_torch_topk']:.2f} | {r['merge'] * 1e3:.2f} "
+            + (f"| {sampled * 1e3:.2f} | {r['ratio_sampled_exact']:.2f} |" if sampled is not None else "| - | - |")
         )
     return "\n".join(lines)
 
@@ -136,6 +142,7 @@ def from_bench_json(path: str) -> tuple[list[dict], dict | None]:
                     **t,
                     "ratio_topk_indices": t["topk_indices"] / t["abs_max"],
                     "ratio_torch_topk": t["torch_topk"] / t["abs_max"],
+                    **({"ratio_sampled_exact": t["sampled"] / t["topk_indices"]} if "sampled" in t else {}),
                 }
             )
     return rows, harness

@@ -1,8 +1,8 @@
 """Selection and merge at the paper's model sizes, k = int(0.001 m), fp32 on CPU.
 
-``topk_indices`` against ``torch.topk(x.abs(), k)`` and the yardstick ``x.abs().max()``
-(one pass over the data), each with all cores and with one thread; ``merge`` of two
-k-entry sparse vectors. No timing is asserted: the figures are in the JSON and in the
+``topk_indices`` (``selection=exact``) and ``sampled_indices`` (``selection=sampled``)
+against ``torch.topk(x.abs(), k)`` and the yardstick ``x.abs().max()`` (one pass over the
+data), each with all cores and with one thread; ``merge`` of two k-entry sparse vectors. No timing is asserted: the figures are in the JSON and in the
 session summary (ratios of medians, see conftest.py).
 """
 
@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from gtopk.reducers.sampled import sampled_indices
 from gtopk.reducers.selection import topk_indices, topk_rows
 from gtopk.reducers.sparse import merge
 from tests.bench.results import SELECTION, median_of
@@ -46,6 +47,7 @@ CALLS = {
     "abs_max": lambda x, k: x.abs().max(),
     "topk_indices": lambda x, k: topk_indices(x, k),
     "torch_topk": lambda x, k: torch.topk(x.abs(), k, sorted=False),
+    "sampled": lambda x, k: sampled_indices(x, k),
 }
 
 
@@ -64,6 +66,9 @@ def test_selection(benchmark, model, threads, kind):
         t_max = SELECTION.get(("abs_max", model, threads))
         if t_max and kind != "abs_max":
             benchmark.extra_info["ratio_to_abs_max"] = median / t_max
+        t_exact = SELECTION.get(("topk_indices", model, threads))
+        if t_exact and kind == "sampled":
+            benchmark.extra_info["sampled_over_exact"] = median / t_exact
 
 
 @pytest.mark.parametrize("threads", THREADS, indirect=True)
