@@ -21,8 +21,11 @@ at ``s + alpha + nbytes * beta`` whether or not the receiver has posted, the rec
 under the paper's mpi4py). Each rank keeps one logical clock per ``Network`` of
 ``nets``, set by the operations it waits for; local work costs nothing (the cost model
 leaves merges out too). On ``ROUNDS`` a clock counts messages on the critical path, on
-``BYTES`` its bytes. A collective sets every rank's clocks to the latest caller's and
-adds nothing.
+``BYTES`` its bytes. A collective sets every rank's clocks to the latest caller's plus
+``collective_cost(kind, nbytes, word, P, net)`` (bytes per rank and per element; None,
+the default: nothing added), the time the caller's model gives the backend's algorithm
+for that call (``gtopk.perf.schedulecheck``: the textbook rings of
+``gtopk.reducers.costmodel``).
 
 The ranks run one at a time (cooperative threads, in a deterministic order); if every
 unfinished rank waits on something no rank will do, ``run`` raises ``Deadlock`` naming
@@ -47,6 +50,10 @@ from gtopk.reducers.costmodel import Network
 
 ROUNDS = Network(alpha=1.0, beta=0.0)  # a clock that counts messages on the critical path
 BYTES = Network(alpha=0.0, beta=1.0)  # a clock that counts bytes on the critical path
+
+
+#: (kind, bytes per rank, bytes per element, P, network) -> the time a backend collective call adds to every rank's clock
+CollectiveCost = Callable[[str, int, int, int, Network], float]
 
 
 class Deadlock(RuntimeError):
@@ -75,6 +82,7 @@ class Collective:
     rank: int
     kind: str
     nbytes: int
+    word: int = 1  # bytes per element of the tensor passed
 
 
 @dataclass
@@ -105,10 +113,18 @@ class RecordedWorld:
     ``collectives`` hold what was recorded; ``clocks[rank]`` each rank's final clocks, one
     per network of ``nets``."""
 
-    def __init__(self, P: int, nets: tuple[Network, ...] = (ROUNDS, BYTES), eager: bool = False, stack_kib: int = 512):
+    def __init__(
+        self,
+        P: int,
+        nets: tuple[Network, ...] = (ROUNDS, BYTES),
+        eager: bool = False,
+        stack_kib: int = 512,
+        collective_cost: CollectiveCost | None = None,
+    ):
         if P < 1:
             raise ValueError(f"a recorded world needs P >= 1 ranks, got {P}")
         self.P, self.nets, self.eager, self.stack_kib = P, tuple(nets), eager, stack_kib
+        self.collective_cost = collective_cost
         self.messages: list[Message] = []
         self.collectives: list[Collective] = []
         self.clocks = [tuple(0.0 for _ in nets) for _ in range(P)]
@@ -262,7 +278,9 @@ class RecordedWorld:
         return [op.op(op.tensor, op.peer, op.group) for op in ops]
 
     # ------------------------------------------------------------ collectives
-    def _collective(self, kind: str, nbytes: int, arg: tuple, finish: Callable[[dict[int, tuple]], None]) -> None:
+    def _collective(
+        self, kind: str, nbytes: int, arg: tuple, finish: Callable[[dict[int, tuple]], None], word: int = 1
+    ) -> None:
         """This rank's part of the n-th collective call; ``finish(args by rank)`` runs once,
         when the last rank has called. Blocks until then."""
         me = self.rank
@@ -272,13 +290,16 @@ class RecordedWorld:
         if call.kind != kind:
             raise ValueError(f"collective call {n}: rank {me} calls {kind}, an earlier rank {call.kind}")
         call.args[me] = (nbytes, self.clocks[me], *arg)
-        self.collectives.append(Collective(n, me, kind, nbytes))
+        self.collectives.append(Collective(n, me, kind, nbytes, word))
         if len(call.args) == self.P:
             sizes = {a[0] for a in call.args.values()}
             if len(sizes) > 1 and kind != "all_gather_object":
                 raise ValueError(f"collective call {n} ({kind}): the ranks pass different sizes {sorted(sizes)}")
             finish(call.args)
             latest = tuple(max(a[1][i] for a in call.args.values()) for i in range(len(self.nets)))
+            if self.collective_cost is not None:
+                cost = self.collective_cost
+                latest = tuple(t + cost(kind, nbytes, word, self.P, net) for t, net in zip(latest, self.nets))
             for r in range(self.P):
                 self.clocks[r] = latest
                 self._wake(r)
@@ -292,7 +313,7 @@ class RecordedWorld:
                     a[2][src].copy_(args[src][3])
 
         nbytes = tensor.numel() * tensor.element_size()
-        self._collective("all_gather", nbytes, (tensor_list, tensor), finish)
+        self._collective("all_gather", nbytes, (tensor_list, tensor), finish, tensor.element_size())
         return _Work(lambda: None) if async_op else None
 
     def all_reduce(self, tensor: torch.Tensor, op=None, group=None, async_op: bool = False):
@@ -306,7 +327,7 @@ class RecordedWorld:
             for a in args.values():
                 a[2].copy_(total)
 
-        self._collective("all_reduce", tensor.numel() * tensor.element_size(), (tensor,), finish)
+        self._collective("all_reduce", tensor.numel() * tensor.element_size(), (tensor,), finish, tensor.element_size())
         return _Work(lambda: None) if async_op else None
 
     def all_gather_object(self, object_list: list, obj: object, group=None) -> None:

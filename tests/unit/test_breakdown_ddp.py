@@ -70,5 +70,9 @@ def test_ddp_bar_takes_its_communication_from_t_commu(tmp_path):
     assert modelled["t_commu_total"] == pytest.approx(allreduce)
     assert modelled["t_commu"] == pytest.approx(allreduce - 0.080)  # what sticks out of backward
     assert modelled["t_iter"] == pytest.approx(0.001 + allreduce + 0.009)
-    parts = modelled[["t_compute", "t_compr", "t_commu", "t_other"]].sum()
-    assert parts == pytest.approx(modelled["t_iter"])
+    # each part against its hand-computed value (t_commu is the remainder of t_iter in the
+    # model, so the parts' sum alone would restate it): backward's compute as measured,
+    # nothing compressed, update 0.009 + data 0.001
+    assert modelled["t_compute"] == pytest.approx(0.080)
+    assert modelled["t_compr"] == pytest.approx(0.0)
+    assert modelled["t_other"] == pytest.approx(0.010)

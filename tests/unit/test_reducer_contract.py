@@ -1,5 +1,7 @@
-"""The reducer contract in one process (no process group, no spawn): one worker, the
-semantics of ``gtopk.reducers.reference`` at P=1, error-feedback state, density, settings."""
+"""The reducer contract in one process (no process group, no spawn) beyond the conformance
+kit (``tests/conformance/test_single_worker.py``: one worker against each class's reference,
+applied + kept = accumulated, state round trip, for every ``conf/reducer`` file): old
+checkpoints, density changes, bad settings."""
 
 from __future__ import annotations
 
@@ -8,14 +10,16 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
+from hydra.utils import get_class
 
 from baselines.ddp import DDPReducer
 from baselines.fp16 import DDPFp16Reducer
 from baselines.powersgd import PowerSGDReducer
-from gtopk.reducers import DenseReducer, GTopKReducer, Reducer, TopKReducer, reference
+from gtopk.reducers import DenseReducer, GTopKReducer, Reducer, TopKReducer
 from gtopk.reducers.selection import k_for
 from gtopk.run.checks import ConfigError, reducer_settings
 from gtopk.train.state import _reducer_state
+from tests.config import options
 
 M = 1000
 DENSITY = 0.02  # k = 20 of 1000
@@ -36,17 +40,6 @@ DENSE: dict[str, Callable[[], Reducer]] = {
 }
 
 
-def reference_step(name: str, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(update, residual) of ``gtopk.reducers.reference`` for one worker."""
-    if name.startswith("topk"):
-        update, (residual,) = reference.topk([acc], k, reselect=name == "topk-reselect")
-    else:
-        _, algorithm, putback = name.split("-")
-        algorithm = {"rd": "recursive_doubling"}.get(algorithm, algorithm)
-        update, (residual,) = reference.gtopk([acc], k, algorithm=algorithm, putback=putback)
-    return update, residual
-
-
 def gradients(steps: int, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(M, generator=g) for _ in range(steps)]
@@ -55,60 +48,6 @@ def gradients(steps: int, seed: int = 0) -> list[torch.Tensor]:
 @pytest.fixture(autouse=True)
 def no_process_group():
     assert not dist.is_initialized(), "these tests need a process without a process group"
-
-
-@pytest.mark.parametrize("make", {**SPARSE, **DENSE}.values(), ids=[*SPARSE, *DENSE])
-def test_without_a_process_group_a_reducer_is_one_worker(make):
-    r = make()
-    assert (r.world_size, r.rank, r.distributed) == (1, 0, False)
-
-
-@pytest.mark.parametrize("name", DENSE)
-def test_dense_at_one_worker_sends_the_gradient_and_keeps_nothing(name):
-    r = DENSE[name]()
-    for g in gradients(3):
-        update, rec = r.reduce(g)
-        expected, (residual,) = reference.dense([g])
-        assert torch.equal(update, expected) and not residual.any()
-        assert rec.selected == M
-        assert r.state_dict() == {}
-
-
-@pytest.mark.parametrize("name", SPARSE)
-def test_sparse_at_one_worker_equals_the_reference_bit_for_bit(name):
-    r = SPARSE[name]()
-    residual = torch.zeros(M)
-    for g in gradients(5):
-        update, rec = r.reduce(g)
-        expected, residual = reference_step(name, residual + g, k_for(DENSITY, M))
-        assert torch.equal(update, expected)
-        assert torch.equal(r.state_dict()["residual"], residual)
-        assert rec.selected == k_for(DENSITY, M)
-
-
-@pytest.mark.parametrize("name", SPARSE)
-def test_sent_plus_kept_is_what_was_accumulated(name):
-    r = SPARSE[name]()
-    old = torch.zeros(M)
-    for g in gradients(6, seed=1):
-        update, _ = r.reduce(g)
-        new = r.state_dict()["residual"]
-        assert torch.equal(update + new, old + g)
-        assert torch.count_nonzero(update) == k_for(DENSITY, M)  # the selected entries, nothing else
-        old = new
-
-
-@pytest.mark.parametrize("name", SPARSE)
-def test_a_fresh_reducer_loaded_with_anothers_state_takes_the_same_next_step(name):
-    first, *rest = gradients(4, seed=2)
-    a, b = SPARSE[name](), SPARSE[name]()
-    assert a.state_dict() == {"residual": None}
-    a.reduce(first)
-    b.load_state_dict(a.state_dict())
-    for g in rest:
-        (ua, _), (ub, _) = a.reduce(g), b.reduce(g)
-        assert torch.equal(ua, ub)
-        assert torch.equal(a.state_dict()["residual"], b.state_dict()["residual"])
 
 
 def test_state_dict_is_a_copy():
@@ -190,9 +129,16 @@ def test_powersgd_may_start_at_one_without_error_feedback_or_warm_start():
     assert r.settings["start_powerSGD_iter"] == 1 and r.state_dict() == {}  # one worker: no hook, no state
 
 
-@pytest.mark.parametrize("reducer", ["dense", "topk", "gtopk", "ddp", "ddp_fp16", "powersgd"])
-def test_reducer_settings_accepts_valid_settings_in_the_parent(compose, reducer):
-    reducer_settings(compose([f"reducer={reducer}", "density=0.01"]))
+@pytest.mark.parametrize("reducer", options("reducer"))
+def test_reducer_settings_accepts_every_config_and_refuses_a_bad_density(compose, reducer):
+    """Every ``conf/reducer`` file's settings pass in the parent; a reducer that uses the
+    density refuses density=0 there, in one line naming it."""
+    cfg = compose([f"reducer={reducer}", "density=0.01"])
+    assert reducer_settings(cfg) is None
+    if get_class(cfg.reducer._target_).uses_density:
+        with pytest.raises((ConfigError, ValueError), match="density") as e:
+            reducer_settings(compose([f"reducer={reducer}", "density=0"]))
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(

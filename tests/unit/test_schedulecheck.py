@@ -1,7 +1,8 @@
-"""Every reducer's schedule, run as every rank of P in one process (the recorded world:
-the reducers' own code over a stand-in for torch.distributed), against the cost model:
-messages, partners, bytes, critical path, and the data against the reference. Up to
-P = 64 here; up to P = 4,096 in the slow tier."""
+"""The schedule check itself (``gtopk.perf.schedulecheck``, the recorded world): that it
+catches a different schedule, a wrong model, a different wire format, deadlocks and
+failing ranks; and gTop-k's schedules that no ``conf/reducer`` file names (recursive
+doubling) at P = 1..64 (4,095 and 4,096 slow). Every ``conf/reducer`` config's schedule
+is checked by the conformance kit (``tests/conformance/test_schedule.py``)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,27 @@ SMALL = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 32, 33, 64)
 LARGE = (128, 1024, 4095, 4096)  # and 1000, 2048 in `python -m gtopk.perf.schedulecheck`
 
 
+#: name -> (conf/reducer config, overrides): gTop-k's schedules (its yaml files and recursive doubling)
+VARIANTS = {
+    "gtopk tree": ("gtopk", {}),
+    "gtopk tree exact": ("gtopk_exact", {}),
+    "gtopk rd": ("gtopk", {"algorithm": "recursive_doubling"}),
+    "gtopk rd exact": ("gtopk_exact", {"algorithm": "recursive_doubling"}),
+    "topk": ("topk", {}),
+}
+
+
+def case(name: str) -> sc.Case:
+    conf, overrides = VARIANTS[name]
+    return sc.case(conf, **overrides)
+
+
 @pytest.mark.parametrize("P", SMALL)
-@pytest.mark.parametrize("name", list(sc.CASES))
-def test_schedule_as_run_matches_the_model(name, P):
-    rec = sc.record(name, P)
+@pytest.mark.parametrize("name", ["gtopk rd", "gtopk rd exact"])
+def test_recursive_doubling_as_run_matches_the_model(name, P):
+    rec = sc.record(case(name), P)
     assert sc.check(rec) == []
-    if P > 1 and sc.CASES[name].edges is not None:  # the point-to-point schedules were recorded
+    if P > 1:  # the point-to-point schedule was recorded
         assert len(rec.world.messages) >= 2 * (P - 1)
 
 
@@ -33,16 +49,28 @@ def test_schedule_as_run_matches_the_model(name, P):
 @pytest.mark.parametrize("P,m,density", [(6, 5000, 0.01), (13, 300, 0.5)])
 def test_other_sizes_of_k(name, P, m, density):
     """Message sizes follow k (50 and 150 entries here), not only the default k = 4."""
-    assert sc.check(sc.record(name, P, m=m, density=density)) == []
+    assert sc.check(sc.record(case(name), P, m=m, density=density)) == []
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name,P", [(n, P) for n, c in sc.CASES.items() for P in LARGE if c.largest_P is None or P <= c.largest_P]
-)
-def test_schedule_as_run_matches_the_model_up_to_4096(name, P):
-    rec = sc.record(name, P)
+@pytest.mark.parametrize("name,P", [(n, P) for n in VARIANTS if n != "topk" for P in LARGE])
+def test_gtopk_schedules_match_the_model_up_to_4096(name, P):
+    rec = sc.record(case(name), P)
     assert sc.check(rec, reference_upto=1024) == []
+
+
+def test_a_reducer_reporting_traffic_its_calls_did_not_carry_is_caught(monkeypatch):
+    """Dense's record is written from a formula; the check counts the calls it made."""
+    real = sc.cm.dense_traffic
+    monkeypatch.setattr("gtopk.reducers.dense.dense_traffic", lambda P, sizes, *a: real(P, [*sizes, *sizes], *a))
+    assert any("record" in p for p in sc.check(sc.record("dense", 4)))
+
+
+def test_a_model_disagreeing_with_the_calls_is_caught(monkeypatch):
+    """Top-k's model taking a recursive-doubling all-gather (log2 P rounds) where the
+    reducer calls a ring all-gather (P - 1)."""
+    monkeypatch.setattr("gtopk.reducers.topk.topk_time", lambda P, k, m, net: cm.log2_ceil(P) * net.msg(8 * k))
+    assert any("critical path" in p for p in sc.check(sc.record("topk", 8)))
 
 
 def test_a_different_schedule_is_caught(monkeypatch):
@@ -57,7 +85,7 @@ def test_a_different_schedule_is_caught(monkeypatch):
         return item
 
     monkeypatch.setattr(gtopk_module, "tree_reduce", star)
-    problems = sc.check(sc.record("gtopk tree", 8))
+    problems = sc.check(sc.record(case("gtopk tree"), 8))
     assert any("messages differ from the rules" in p for p in problems)
     assert any("critical path" in p for p in problems)
 
@@ -70,8 +98,8 @@ def test_a_model_with_log2_P_uncounted_is_caught(monkeypatch):
         return 2 * lg * net.msg(k * 8)
 
     monkeypatch.setattr(gtopk_module, "gtopk_time", floor_model)
-    assert any("critical path" in p for p in sc.check(sc.record("gtopk tree", 5)))
-    assert sc.check(sc.record("gtopk tree", 8)) == []
+    assert any("critical path" in p for p in sc.check(sc.record(case("gtopk tree"), 5)))
+    assert sc.check(sc.record(case("gtopk tree"), 8)) == []
 
 
 def test_recorded_messages_carry_the_data_and_the_clocks():
@@ -125,7 +153,7 @@ def test_ranks_disagreeing_on_a_collective_are_caught():
 def test_the_model_counts_what_runs_at_P_1024_by_formula_too():
     """The closed forms the performance model uses at P = 1,024 (tree, index put-back):
     2 log2 P messages of 8k bytes on the critical path, as recorded."""
-    rec = sc.record("gtopk tree", 1024)
+    rec = sc.record(case("gtopk tree"), 1024)
     assert sc.critical_path(rec)[:2] == (20.0, 20 * 8 * rec.k)
     assert cm.gtopk_time(1024, rec.k, rec.m, ROUNDS, "tree", "index") == 20.0
 
@@ -137,7 +165,7 @@ def test_buffered_sends_never_take_longer_than_the_model(name):
     early: one round fewer than the model's ceil(log2 P) up and down (exact put-back:
     one or two, its sums starting earlier); recursive doubling: no difference."""
     for P in (2, 3, 5, 7, 8, 12, 33):
-        rec = sc.record(name, P, eager=True)
+        rec = sc.record(case(name), P, eager=True)
         assert sc.check(rec) == []
         saved = sc.predicted_path(rec)[0] - sc.critical_path(rec)[0]
         if P & (P - 1) == 0 or "rd" in name:
@@ -158,6 +186,6 @@ def test_a_wire_format_other_than_the_models_is_caught(name, monkeypatch):
 
     monkeypatch.setattr(topk_module, "SparseCodec", WideCodec)
     monkeypatch.setattr(gtopk_module, "SparseCodec", WideCodec)
-    problems = sc.check(sc.record(name, 5))
-    want = "collective calls" if name == "topk" else "messages differ from the rules"
+    problems = sc.check(sc.record(case(name), 5))
+    want = "critical path" if name == "topk" else "messages differ from the rules"
     assert any(want in p for p in problems), problems
