@@ -1,21 +1,92 @@
-"""This host's primitives that every layer uses: an honest clock, this rank's GPU, intra-op
-thread control, process lifetime, and the heartbeat a worker gives its launcher's watchdog.
-Nothing here is collective."""
+"""This host's primitives that every layer uses: an honest clock (in virtual time under time
+dilation), this rank's GPU, intra-op thread control, process lifetime, and the heartbeat a
+worker gives its launcher's watchdog. Nothing here is collective.
+
+**Time dilation.** A worker of a dilated emulated cluster (``cluster.dilation`` D > 1,
+``gtopk.run.cluster.emulated``) runs D times slower than its wall clock: its network is
+shaped to 1/D of the rate, its CPU capped to 1/D of its cores, and its replayed compute
+sleeps D times as long. Its clock is therefore *virtual*: ``now()`` is wall seconds / D, and
+``sleep(s)`` sleeps s virtual seconds (s x D on the wall); a reading also paces the CPU work
+since the previous one to D x its CPU time (``_pace``). This module is the one place
+where the division happens: every time a worker records (the t_* fields of its rows, hence
+its summary) is a difference of ``now()`` readings through ``Clock``. D comes from the
+environment (``DILATION_ENV``, set by the cluster's placement before the worker's process
+group exists); without it a process runs in real time (D = 1).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import os
 import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
+#: the environment variable that carries a worker's time dilation D (an integer >= 1)
+DILATION_ENV = "GTOPK_TIME_DILATION"
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_dilation(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"{DILATION_ENV}={text!r} must be an integer >= 1 (the time dilation D; 1: real time)")
+    return int(text)
+
+
+def dilation(environ: Mapping[str, str] | None = None) -> int:
+    """The time dilation D of this process (or of ``environ``): 1 unless ``DILATION_ENV`` says."""
+    text = (os.environ if environ is None else environ).get(DILATION_ENV)
+    return 1 if text is None else _parse_dilation(text)
+
+
+_paced = threading.Lock()
+_last: tuple[float, float] | None = None  # (wall, CPU per thread) at this process's last dilated reading
+
+
+def now() -> float:
+    """This process's clock in virtual seconds: ``time.perf_counter() / D``. Comparable
+    between the processes of one host that share D (one job's workers). Under dilation
+    (D > 1) a reading first *paces* the work since the previous one (``_pace``)."""
+    d = dilation()
+    return (time.perf_counter() if d == 1 else _pace(d)) / d
+
+
+def _pace(d: int) -> float:
+    """The wall clock, after making the interval since the previous reading last at least
+    D x the CPU time this process spent in it (per intra-op thread): on a processor D times
+    slower, which is what the rank has in virtual time, CPU work cannot go faster than that.
+    A short CPU burst runs at full speed under the CPU cap (``gtopk.run.cluster.cpucap``:
+    the quota is 5 ms) and would otherwise look D times too fast; an interval that waited
+    (network, sleep) or was slowed by the cap already lasts that long and is left alone.
+    The pause lands at the reading, not inside the work (that is where the step's times
+    are taken: between two readings the rank sends nothing that is not already timed)."""
+    global _last
+    with _paced:
+        wall, cpu = time.perf_counter(), time.process_time() / max(1, torch.get_num_threads())
+        if _last is not None:
+            owed = d * (cpu - _last[1]) - (wall - _last[0])
+            if owed > 0:
+                time.sleep(owed)
+                wall = time.perf_counter()
+        _last = (wall, cpu)
+        return wall
+
+
+def sleep(seconds: float) -> None:
+    """Sleep ``seconds`` of virtual time (``seconds`` x D on the wall)."""
+    if seconds > 0:
+        time.sleep(seconds * dilation())
+
 
 class Clock:
-    """Wall clock that first waits for queued GPU work on ``device`` (honest timing)."""
+    """The process's clock (``now()``: virtual seconds under time dilation) that first waits
+    for queued GPU work on ``device`` (honest timing)."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
@@ -24,7 +95,7 @@ class Clock:
     def __call__(self) -> float:
         if self.cuda:
             torch.cuda.synchronize(self.device)  # this clock's GPU, not whichever is current
-        return time.perf_counter()
+        return now()
 
 
 class GPUShortage(ValueError):

@@ -21,7 +21,6 @@ import csv
 import socket
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import hydra
@@ -30,6 +29,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from gtopk import host
 from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import Network, rd_time
@@ -64,7 +64,7 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
             buf = torch.zeros(max(1, n), dtype=torch.uint8, device=device())
             rtts = []
             for i in range(reps + 2):
-                t0 = time.perf_counter()
+                t0 = host.now()
                 if rank == 0:
                     dist.send(buf, 1)
                     dist.recv(buf, 1)
@@ -73,14 +73,14 @@ def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[i
                     dist.send(buf, 0)
                 settle(buf)
                 if i >= 2:
-                    rtts.append(time.perf_counter() - t0)
+                    rtts.append(host.now() - t0)
             out.append((n, statistics.median(rtts) / 2))
     dist.barrier()
     return out if rank == 0 else None
 
 
 def on_one_host(world: int) -> bool:
-    """Collective: whether every rank runs on this host (one ``time.perf_counter`` clock)."""
+    """Collective: whether every rank runs on this host (one ``gtopk.host.now`` clock)."""
     hosts: list = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     return len(set(hosts)) == 1
@@ -154,10 +154,10 @@ def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | 
     spans = []
     for i in range(reps + 2):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0 = host.now()
         one = torch.ones(1, dtype=torch.float64, device=device())
         settle(recursive_doubling(p2p, rank, world, one, torch.add, word, word, new_buf))
-        t = torch.tensor([t0, time.perf_counter()], dtype=torch.float64, device=device())
+        t = torch.tensor([t0, host.now()], dtype=torch.float64, device=device())
         everyone = [torch.zeros_like(t) for _ in range(world)]
         dist.all_gather(everyone, t)
         e = torch.stack(everyone)

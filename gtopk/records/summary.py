@@ -1,6 +1,8 @@
 """What ``summary.json`` holds: the job's medians over its post-warm-up iterations
-(``summarize``), the environment it ran in (``environment``: versions, device, CPU/GPU, git
-commit) and, for training, the coverage and top-1 trend (``gtopk.records.regime``)."""
+(``summarize``), how its times were obtained (``time_base``: real, or dilated by the
+emulated cluster's time dilation), the environment it ran in (``environment``: versions,
+device, CPU/GPU, git commit) and, for training, the coverage and top-1 trend
+(``gtopk.records.regime``)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,17 @@ def environment(device: str, backend: str) -> dict:
     return env
 
 
+def time_base(rows: Iterable[dict]) -> dict:
+    """How the rows' times were obtained (their ``dilation``, ``gtopk.host``): ``time_base`` ``real``
+    (wall seconds) or ``dilated`` (wall seconds / ``dilation``, the emulated cluster's time
+    dilation); rows without ``dilation`` (older runs, ``cluster=simulated``) are real."""
+    found = sorted({int(r.get("dilation", 1)) for r in rows})
+    if len(found) > 1:  # attempts of one job under different dilations
+        return {"time_base": "mixed", "dilation": found}
+    d = found[0] if found else 1
+    return {"time_base": "dilated" if d > 1 else "real", "dilation": d}
+
+
 def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: Iterable[dict] | None = None) -> dict:
     """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
     slowest and where it is fastest both count); steps skipped for a non-finite gradient
@@ -99,7 +112,14 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: It
     out["t_merge"] = statistics.median(r.get("t_merge", 0.0) for r in rows)
     # DDP: its all-reduce window inside backward (hidden or not; the unhidden part is in t_commu)
     out["t_commu_backward"] = statistics.median(r.get("t_commu_backward", 0.0) for r in rows)
+    # the rest of the step, everything but compute and communication (data, selection, the
+    # update, the non-finite check): per row, then the median (medians do not subtract)
+    out["t_rest"] = statistics.median(r["t_iter"] - r["t_compute"] - r["t_commu"] for r in rows)
+    # its local part: t_rest without the non-finite check, whose flag all-reduce is a
+    # collective (at P > 1 it waits for the slowest rank and pays a latency per hop)
+    out["t_local"] = statistics.median(r["t_data"] + r["t_compr"] + r["t_update"] for r in rows)
     # the largest worker's peak resident memory in the job (MiB; rows of older runs lack it)
     out["rss_peak_mb"] = max(r.get("rss_peak_mb", 0.0) for r in rows)
+    out.update(time_base(rows))
     out.update(regime)
     return out

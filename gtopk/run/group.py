@@ -147,7 +147,8 @@ STARTUP_S = 300.0
 class WorkerGroup:
     """``nprocs`` worker processes in one process group, started once, running tasks.
 
-    ``timeout`` is the default watchdog timeout of a task; ``startup_timeout`` (default
+    ``timeout`` is the default watchdog timeout of a task (every limit here is in virtual
+    seconds: x ``placement.dilation`` on the wall); ``startup_timeout`` (default
     ``max(timeout, STARTUP_S)``) bounds the ranks' start-up (interpreter, imports, rendezvous:
     tens of seconds on a loaded machine, whatever a task's watchdog says);
     ``collective_timeout`` (default ``timeout``) the default limit of a collective once
@@ -172,9 +173,11 @@ class WorkerGroup:
     ):
         if nprocs < 1:
             raise ValueError(f"nodes={nprocs} must be >= 1")
-        self.nprocs, self.timeout, self.grace = nprocs, float(timeout), float(grace)
-        self.collective_timeout = float(collective_timeout or timeout)
-        self.startup_timeout = float(startup_timeout or max(self.timeout, STARTUP_S))
+        # under time dilation D (``placement.dilation``) the workers run D times slower: every limit is D times longer
+        self.dilation = placement.dilation if placement else 1
+        self.nprocs, self.timeout, self.grace = nprocs, float(timeout) * self.dilation, float(grace)
+        self.collective_timeout = float(collective_timeout or timeout) * self.dilation
+        self.startup_timeout = float(startup_timeout or max(float(timeout), STARTUP_S)) * self.dilation
         self.threads = int(threads or threads_per_worker(nprocs))
         self.closed = False
         placement = placement or Placement(master_addr="127.0.0.1", master_port=port)
@@ -235,14 +238,14 @@ class WorkerGroup:
             fn,
             tuple(args),
             int(threads or self.threads),
-            float(collective_timeout or self.collective_timeout),
+            float(collective_timeout) * self.dilation if collective_timeout else self.collective_timeout,
         )
         try:
             for r in range(self.nprocs):  # the watchdog counts from each rank's first beat in the task
                 self._beats[r] = math.inf  # (it beats on taking it), not from when it was queued
             for q in self._tasks:
                 q.put(task)  # pickled here: a task that does not pickle fails in the caller
-            return self._collect(float(timeout or self.timeout))
+            return self._collect(float(timeout) * self.dilation if timeout else self.timeout)
         except BaseException:
             self._stop()
             self.close()

@@ -98,7 +98,7 @@ def _group(spec: GroupSpec, timeout: float, collective_timeout: float | None) ->
     close()
     exit = contextlib.ExitStack()
     try:
-        placement = exit.enter_context(instantiate(json.loads(spec.cluster)).up(spec.nodes))
+        placement = exit.enter_context(instantiate(json.loads(spec.cluster)).up_for(spec.nodes, spec.threads))
         group = exit.enter_context(
             WorkerGroup(
                 spec.nodes,

@@ -4,7 +4,8 @@
 batches. ``compute=replay`` (``ReplayedCompute``): every step fills the gradients with a
 fixed per-rank random vector (the real reducer then aggregates it over the real network)
 and sleeps until ``t_compute`` has passed, so P workers share a few cores without their
-compute contending. A model wrapped for backward hooks (DDP) gets a replayed
+compute contending. The sleep is in the worker's virtual time (``gtopk.host.sleep``):
+under time dilation D (``cluster.dilation``) it lasts t_compute x D on the wall. A model wrapped for backward hooks (DDP) gets a replayed
 backward pass instead (``gtopk.train.replay_backward``), so that its communication happens and
 overlaps as it would. ``t_compute`` comes from a *compute profile*:
 
@@ -20,7 +21,6 @@ Replay is for throughput benchmarks only (there is no real loss to train on).
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gtopk import host
 from gtopk.paper import single_node_throughput
 from gtopk.records import profiles
 from gtopk.records.profiles import ProfileError, profile_key, read_profile
@@ -150,14 +151,14 @@ class ReplayedCompute(Compute):
         if worker.net is not worker.model:  # a wrapper that hooks into backward (DDP)
             replay_backward(worker.net, worker.model, worker.params, self.bank, t_compute, worker.backward.run)
             return 0.0, None
-        start = time.perf_counter()
+        start = host.now()
         offset = 0
         for p in worker.params:
             n = p.numel()
             p.grad.copy_(self.bank[offset : offset + n].view_as(p))
             offset += n
         worker.clock()  # waits for the copies on a GPU
-        time.sleep(max(0.0, t_compute - (time.perf_counter() - start)))
+        host.sleep(t_compute - (host.now() - start))  # virtual seconds: D x as long under time dilation
         return 0.0, None
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gtopk.host import Clock, heartbeat, one_thread
+from gtopk.host import Clock, dilation, heartbeat, one_thread
 from gtopk.records.identity import summary_fields
 from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
@@ -243,6 +243,7 @@ def _record(w: Worker, row: dict, logger) -> None:
     row["attempt"] = w.cfg.get("attempt", 1)
     row["pid"] = os.getpid()  # the worker process (one group of workers runs a sweep's jobs of one P)
     row["rss_peak_mb"] = peak_rss_mb()  # this worker's peak resident memory in this job so far
+    row["dilation"] = dilation()  # its t_* are wall seconds / this (gtopk.host: time dilation; 1: real time)
     w.iters.write(row)
     w.rows.append(row)
     heartbeat()

@@ -19,24 +19,27 @@ The wrapper's hooks see each gradient when its layer's share has passed and star
 bucketed all-reduce while the later shares are still being slept: the overlap DDP gets
 from a real backward. The last gradient is ready ``t_compute`` after the start; what the
 pass takes beyond that is the communication it could not hide (timed by the worker's
-``gtopk.train.backward.Backward``, which the training loop reports as t_commu).
+``gtopk.train.backward.Backward``, which the training loop reports as t_commu). Times are
+the worker's virtual ones (``gtopk.host.now``/``sleep``): under time dilation D the pass
+lasts D times as long on the wall.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from gtopk import host
+
 #: fraction of a step's compute spent in the forward pass (backward ~ 2x forward)
 FORWARD_SHARE = 1.0 / 3.0
 
 
 class _ReadyAt(torch.autograd.Function):
-    """Identity on a scalar whose backward sleeps until ``deadline`` (perf_counter s)."""
+    """Identity on a scalar whose backward sleeps until ``deadline`` (``gtopk.host.now`` s)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, deadline: float) -> torch.Tensor:
@@ -45,14 +48,14 @@ class _ReadyAt(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        time.sleep(max(0.0, ctx.deadline - time.perf_counter()))
+        host.sleep(ctx.deadline - host.now())
         return grad, None
 
 
 def ready_times(
     params: list[nn.Parameter], start: float, t_compute: float, forward_share: float = FORWARD_SHARE
 ) -> list[float]:
-    """When each parameter's gradient is ready (perf_counter seconds), in parameter
+    """When each parameter's gradient is ready (``gtopk.host.now`` seconds), in parameter
     (forward) order: the backward walks the layers in reverse, one equal share per
     parameter with ndim >= 2; other parameters share their layer's time."""
     layer, of = 0, []
@@ -78,7 +81,7 @@ def replay_backward(
     it, e.g. DDP's average over ranks). Takes about ``t_compute`` seconds, plus whatever
     communication the wrapper does not hide. ``backward(loss)`` runs the backward pass
     (the worker's ``gtopk.train.backward.Backward.run``, which times DDP's all-reduces)."""
-    start = time.perf_counter()
+    start = host.now()
     deadlines = ready_times(params, start, t_compute, forward_share)
     slices, offset = [], 0
     for p in params:
@@ -89,7 +92,7 @@ def replay_backward(
         terms = [_ReadyAt.apply((p * g).sum(), d) for p, g, d in zip(params, slices, deadlines)]
         return torch.stack(terms).sum()
 
-    time.sleep(max(0.0, start + forward_share * t_compute - time.perf_counter()))
+    host.sleep(start + forward_share * t_compute - host.now())
     model.forward = surrogate  # the wrapper calls model(...) from its own forward
     try:
         loss = net(torch.zeros(()))

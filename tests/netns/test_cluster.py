@@ -133,7 +133,7 @@ def test_replay_refuses_training_and_reads_profile_files(tmp_path):
 @needs_netns
 def test_namespaces_are_built_shaped_and_removed():
     before = ours()
-    with EmulatedCluster(bandwidth="200mbit").up(3) as placement:
+    with EmulatedCluster(bandwidth="200mbit", dilation=1).up(3) as placement:
         made = ours() - before
         assert len(made) == 4 and set(placement.namespaces) < made  # 3 ranks + the switch
         for ns in placement.namespaces:

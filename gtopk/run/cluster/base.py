@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gtopk.run.cluster import netns
+from gtopk.run.cluster import cpucap, netns
 
 
 class ClusterError(RuntimeError):
@@ -24,18 +24,32 @@ class Placement:
     master_addr / master_port: the rendezvous (rank 0's address as the others see it).
     namespaces: one network namespace name per rank, or empty for the caller's own.
     env: variables every worker sets before creating its process group.
+    cpu_groups: one CPU-capped cgroup (its path) per rank, or empty (time dilation:
+        ``gtopk.run.cluster.cpucap``).
     """
 
     master_addr: str
     master_port: int
     namespaces: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    cpu_groups: tuple[str, ...] = ()
+
+    @property
+    def dilation(self) -> int:
+        """The time dilation D the workers run under (``gtopk.host``; 1: real time): the
+        launcher gives them D times its timeouts."""
+        from gtopk.host import dilation  # torch: not for the reaper, which imports this package
+
+        return dilation(self.env)
 
     def enter(self, rank: int) -> None:
-        """Move the calling worker into its network namespace and set its environment.
-        Call before any socket is created (i.e. before ``dist.init_process_group``)."""
+        """Move the calling worker into its network namespace (and CPU-capped cgroup) and
+        set its environment. Call before any socket is created (i.e. before
+        ``dist.init_process_group``)."""
         if self.namespaces:
             netns.enter(self.namespaces[rank])
+        if self.cpu_groups:
+            cpucap.join(self.cpu_groups[rank])
         os.environ.update(self.env)
         os.environ.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
 
@@ -70,6 +84,11 @@ class Cluster(ABC):
     def up(self, nodes: int) -> Iterator[Placement]:
         """Build the network for ``nodes`` workers, yield their placement, tear it down
         on exit (also on exceptions and Ctrl-C)."""
+
+    def up_for(self, nodes: int, threads: int) -> AbstractContextManager[Placement]:
+        """``up(nodes)`` for workers of ``threads`` intra-op threads each (what the runner
+        calls; the emulated cluster's time dilation counts the threads)."""
+        return self.up(nodes)
 
     def describe(self) -> dict:
         """What goes into every record: the cluster kind and its settings."""

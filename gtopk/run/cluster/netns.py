@@ -2,6 +2,8 @@
 
 Names are ``gtk<owner pid>x<token>-<role>``, unique per job, so concurrent jobs never
 collide; a namespace whose owner process is gone is stale and removed by ``sweep_stale``.
+A rank's CPU-capped cgroup under time dilation (``gtopk.run.cluster.cpucap``) has its
+namespace's name and goes with it (``delete``, ``sweep_stale``).
 A reaper process (``python -m gtopk.run.cluster.reaper NAME...``), started in its own session,
 waits for its parent to close a pipe and then removes the namespaces, so they disappear
 even when the parent is SIGKILLed.
@@ -27,6 +29,8 @@ import signal
 import subprocess
 import sys
 from fractions import Fraction
+
+from gtopk.run.cluster import cpucap
 
 PREFIX = "gtk"
 _NAME = re.compile(rf"^{PREFIX}(\d+)x[0-9a-f]+-")
@@ -210,8 +214,9 @@ def pids_in(name: str) -> list[int]:
 
 
 def delete(names: list[str]) -> None:
-    """Kill whatever still runs inside ``names``, then delete them (missing ones ignored).
-    Deleting a namespace removes its veth ends, and with them their peers."""
+    """Kill whatever still runs inside ``names``, then delete them (missing ones ignored),
+    and the CPU-capped cgroups of the same names (time dilation, ``cpucap``). Deleting a
+    namespace removes its veth ends, and with them their peers."""
     present = set(existing())
     for name in names:
         if name not in present:
@@ -223,6 +228,7 @@ def delete(names: list[str]) -> None:
                 except ProcessLookupError:
                     pass
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    cpucap.remove(names)
 
 
 def _alive(pid: int) -> bool:
@@ -236,8 +242,10 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale() -> list[str]:
-    """Delete namespaces whose owner process no longer exists; returns their names."""
-    stale = [n for n in existing() if (m := _NAME.match(n)) and not _alive(int(m.group(1)))]
+    """Delete namespaces and CPU-capped cgroups whose owner process no longer exists;
+    returns their names."""
+    names = sorted(set(existing()) | set(cpucap.existing(PREFIX)))
+    stale = [n for n in names if (m := _NAME.match(n)) and not _alive(int(m.group(1)))]
     delete(stale)
     return stale
 
