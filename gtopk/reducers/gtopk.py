@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
+from gtopk.reducers import reference
 from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
 from gtopk.reducers.inprocess import gtopk_group
+from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.schedules import Payload, recursive_doubling, recursive_doubling_owned, tree_broadcast, tree_reduce
-from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.selection import k_for
+from gtopk.reducers.selector import Selector
 from gtopk.reducers.sparse import member_mask, merge
-from gtopk.reducers.wire import PointToPoint, SparseCodec
+from gtopk.reducers.wire import PointToPoint, RoundTrace, SparseCodec
 
 ALGORITHMS = ("tree", "recursive_doubling")
 PUTBACKS = ("index", "exact")
@@ -34,8 +39,27 @@ class GTopKReducer(SparseReducer):
       ``exact``: the final indices F are broadcast (indices only), then every rank's
         full acc[F] is summed by recursive doubling and applied; each rank keeps acc
         outside F. No gradient is lost.
+    selection: ``exact`` (the k largest) or ``sampled`` (DGC's sampled threshold, at most
+      k selected, the message padded to k: ``gtopk.reducers.selector``).
     Every message carries 8 bytes per entry (int32 index + float32 value).
     """
+
+    display_name = "gTop-k"
+    plot_order = 60
+
+    @classmethod
+    def declared(cls, settings=None):
+        """The exact put-back is shown as a reducer of its own, right after the paper's."""
+        if (settings or {}).get("putback") == "exact":
+            return replace(super().declared(settings), display_name="gTop-k exact", plot_order=61.0)
+        return super().declared(settings)
+
+    def reference(self, grads: list[Tensor], residuals: list[Tensor | None] | None = None):
+        """Local. ``gtopk.reducers.reference.gtopk`` of residual + gradient, these settings
+        (the exact selection's semantics)."""
+        accs = [g if r is None else r + g for g, r in zip(grads, residuals or [None] * len(grads))]
+        k = k_for(self.density, grads[0].numel())
+        return reference.gtopk(accs, k, algorithm=self.algorithm, putback=self.putback)
 
     def __init__(
         self,
@@ -44,7 +68,11 @@ class GTopKReducer(SparseReducer):
         putback: str = "index",
         group: dist.ProcessGroup | None = None,
         align_timing: bool = False,
+        selection: str = "exact",
+        sample_ratio: float = SAMPLE_RATIO,
+        max_refine: int = MAX_REFINE,
     ):
+        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selector
         if algorithm not in ALGORITHMS:
             raise ValueError(f"reducer.algorithm={algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
         if putback not in PUTBACKS:
@@ -52,6 +80,7 @@ class GTopKReducer(SparseReducer):
         super().__init__(density, group, align_timing)
         self.algorithm = algorithm
         self.putback = putback
+        self.selection = selection
 
     @classmethod
     def predict_commu(
@@ -84,21 +113,19 @@ class GTopKReducer(SparseReducer):
 
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
-        msg = Payload(lambda s: codec.pack(*s), codec.unpack, codec.nbytes)
+        msg = Payload(codec.encode, codec.decode, codec.nbytes)
         root = tree_reduce(p2p, rank, P, sparse, self._merge, msg, new)
         if self.putback == "index":
-            buf = codec.pack(*root) if rank == 0 else None
+            buf = codec.encode(root) if rank == 0 else None
             return codec.unpack(tree_broadcast(p2p, rank, P, buf, codec.nbytes, new))
-        buf = codec.pack_indices(root[0]) if rank == 0 else None
+        buf = codec.encode_indices(root) if rank == 0 else None
         return codec.unpack_indices(tree_broadcast(p2p, rank, P, buf, codec.index_nbytes, new)), None
 
     def _recursive_doubling(self, p2p, codec, sparse, k):
-        msg = Payload(lambda s: codec.pack(*s), codec.unpack, codec.nbytes)
+        msg = Payload(codec.encode, codec.decode, codec.nbytes)
         back = msg
         if self.putback == "exact":
-            back = Payload(
-                lambda s: codec.pack_indices(s[0]), lambda b: (codec.unpack_indices(b), None), codec.index_nbytes
-            )
+            back = Payload(codec.encode_indices, lambda b: (codec.unpack_indices(b), None), codec.index_nbytes)
         return recursive_doubling(p2p, self.rank, self.world_size, sparse, self._merge, msg, back, codec.empty)
 
     def _sum_at(self, p2p, codec, values: Tensor) -> Tensor:
@@ -115,33 +142,37 @@ class GTopKReducer(SparseReducer):
         self._drops = [] if self.diagnostics and self.putback == "index" else None
         t0 = clock()
         acc = self.feedback.accumulate(grad)
-        sel = topk_indices(acc, k)
-        sparse = (sel, acc[sel])
+        picks = self.selector.pick(acc, k)  # k entries on the wire; ``own``: the selected ones
+        sparse, own = (picks.idx, picks.val), picks.own()
         t1 = clock()
         t1c = self._commu_start(clock)
-        p2p = PointToPoint(rec, self.peer, self.group)
+        p2p = PointToPoint(rec, self.peer, self.group, self.trace)
         codec = SparseCodec(k, m, grad.device)
         schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
-        final_idx, final_val = schedule(p2p, codec, sparse, k)
+        final_idx, final_val = codec.tensors(schedule(p2p, codec, codec.item(*sparse), k))
         if self.putback == "exact":
             final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
         t2 = self._commu_end(clock)  # every rank holds the final k entries: the collective is done
         if self.putback == "exact":
             acc[final_idx] = 0
         else:
-            acc[sel[member_mask(final_idx, sel)]] = 0
+            acc[own[member_mask(final_idx, own)]] = 0
         t3 = clock()
         # applying it (scatter) is not communication; ``out`` may be the gradient's buffer
         # (the gradient is in acc, the residual, by now)
         update = torch.zeros_like(acc) if out is None else out.zero_()
         update[final_idx] = final_val / P
-        rec.selected = k
+        rec.selected = own.numel()
         rec.t_compr = (t1 - t0) + (t3 - t2)
         rec.t_commu = t2 - t1c
         if self.diagnostics:  # from what this rank holds (the training loop counts it in t_update)
             rec.update_nnz, rec.residual_norm = final_idx.numel(), float(torch.linalg.vector_norm(acc))
             rec.lost_l1 = self._lost_l1(final_idx)
         return update
+
+    #: a ``RoundTrace`` that each ``reduce`` appends its messages' events to (``gtopk.perf.trace``);
+    #: None (the default): nothing is recorded
+    trace: RoundTrace | None = None
 
     simulatable = True
 

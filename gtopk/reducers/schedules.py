@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from gtopk.reducers.costmodel import log2_ceil
-from gtopk.reducers.wire import PointToPoint
+from gtopk.reducers.wire import MERGED, ROUND, PointToPoint
 
 
 @dataclass(frozen=True)
@@ -29,27 +29,47 @@ class Payload:
 def tree_reduce(p2p: PointToPoint, rank: int, P: int, item: Any, combine, msg: Payload, new_buf) -> Any:
     """Binomial tree to rank 0: in round r, rank i with i % 2^(r+1) == 0 receives from
     i + 2^r (if it exists) and combines; the sender then drops out. Returns the combined
-    item on rank 0 and None on every other rank. ceil(log2 P) rounds."""
-    for r in range(log2_ceil(P)):
+    item on rank 0 and None on every other rank. ceil(log2 P) rounds.
+
+    Each receive is posted one round ahead (``PointToPoint.post_recv``): the first before
+    round 0, the next as soon as the one before it has arrived, before its merge. (All at
+    once would let a rank idle in the early rounds of a tree of P != 2^n deliver ahead of
+    its round, off the schedule the cost model describes.)"""
+    rounds = log2_ceil(P)
+    kids = iter([(r, rank + (1 << r)) for r in range(rounds) if rank % (2 << r) == 0 and rank + (1 << r) < P])
+    nxt = next(kids, None)
+    pending = p2p.post_recv(new_buf(msg.nbytes), nxt[1]) if nxt else None
+    for r in range(rounds):
         step = 1 << r
         if rank % (2 * step) == step:
+            p2p.mark(ROUND, r)
             p2p.send(msg.encode(item), rank - step)
             return None
-        if rank + step < P:
-            item = combine(item, msg.decode(p2p.recv(new_buf(msg.nbytes), rank + step)))
+        if nxt is not None and nxt[0] == r:
+            p2p.mark(ROUND, r)
+            theirs = p2p.wait(pending)
+            nxt = next(kids, None)
+            if nxt is not None:
+                pending = p2p.post_recv(new_buf(msg.nbytes), nxt[1])
+            item = combine(item, msg.decode(theirs))
+            p2p.mark(MERGED)
     return item
 
 
 def tree_broadcast(p2p: PointToPoint, rank: int, P: int, buf: Tensor | None, nbytes: int, new_buf) -> Tensor:
     """Binomial broadcast from rank 0 along the same tree, reversed (rank 0 passes ``buf``,
-    the others None). Returns the buffer on every rank."""
+    the others None). Returns the buffer on every rank. A rank's receive is posted first."""
+    parent = rank - (rank & -rank)  # rank 0: none
+    pending = p2p.post_recv(new_buf(nbytes), parent) if rank else None
     for r in reversed(range(log2_ceil(P))):
         step = 1 << r
         if rank % (2 * step) == 0:
             if rank + step < P:
+                p2p.mark(ROUND, r)
                 p2p.send(buf, rank + step)
         elif rank % (2 * step) == step:
-            buf = p2p.recv(new_buf(nbytes), rank - step)
+            p2p.mark(ROUND, r)
+            buf = p2p.wait(pending)
     return buf
 
 
@@ -61,18 +81,31 @@ def recursive_doubling(
     With P2 the largest power of two <= P: rank i >= P2 sends its item to i - P2, which
     combines it; the ranks below P2 exchange with partner i XOR 2^s for s = 0..log2(P2)-1
     and combine; finally rank i - P2 sends the result (as ``back``) to rank i. Every rank
-    returns the final item (ranks >= P2 get ``back.decode`` of it).
+    returns the final item (ranks >= P2 get ``back.decode`` of it). Every receive is
+    posted before the first round (``PointToPoint.post_recv``). Trace rounds: 0 the fold,
+    1 + s the exchange with i XOR 2^s, log2(P2) + 1 the return.
     """
     P2 = 1 << (P.bit_length() - 1)
+    steps = P2.bit_length() - 1
     if rank >= P2:
+        result = p2p.post_recv(new_buf(back.nbytes), rank - P2)
+        p2p.mark(ROUND, 0)
         p2p.send(msg.encode(item), rank - P2)
-        return back.decode(p2p.recv(new_buf(back.nbytes), rank - P2))
-    if rank + P2 < P:
-        item = combine(item, msg.decode(p2p.recv(new_buf(msg.nbytes), rank + P2)))
-    for s in range(P2.bit_length() - 1):
-        theirs = p2p.exchange(msg.encode(item), new_buf(msg.nbytes), rank ^ (1 << s))
+        p2p.mark(ROUND, steps + 1)
+        return back.decode(p2p.wait(result))
+    fold = p2p.post_recv(new_buf(msg.nbytes), rank + P2) if rank + P2 < P else None
+    pending = [p2p.post_recv(new_buf(msg.nbytes), rank ^ (1 << s)) for s in range(steps)]
+    if fold is not None:
+        p2p.mark(ROUND, 0)
+        item = combine(item, msg.decode(p2p.wait(fold)))
+        p2p.mark(MERGED)
+    for s in range(steps):
+        p2p.mark(ROUND, 1 + s)
+        theirs = p2p.exchange(msg.encode(item), pending[s], rank ^ (1 << s))
         item = combine(item, msg.decode(theirs))
-    if rank + P2 < P:
+        p2p.mark(MERGED)
+    if fold is not None:
+        p2p.mark(ROUND, steps + 1)
         p2p.send(back.encode(item), rank + P2)
     return item
 

@@ -84,18 +84,20 @@ def _on_cpu(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" for t in tensors)
 
 
-def merge(
-    idx_a: Tensor, val_a: Tensor, idx_b: Tensor, val_b: Tensor, k: int, dropped: list | None = None
-) -> tuple[Tensor, Tensor]:
-    """gTop-k merge of two sparse vectors.
+def merge(idx_a, val_a, idx_b, val_b, k: int, dropped: list | None = None):
+    """gTop-k merge of two sparse vectors: torch tensors, or NumPy arrays (what the CPU
+    path of a gTop-k schedule carries between rounds: no conversion per merge).
 
     Values at a shared index are summed (``a + b``; float addition is commutative, so
     ``merge(a, b) == merge(b, a)`` bit for bit); of the union, the ``k`` largest |value|
-    are kept, ties to the smaller index. Returns ascending indices and their values.
-    ``dropped``: a list to which the union's entries that were not kept are appended, as
-    one (ascending indices, values) pair (nothing when none was dropped).
+    are kept, ties to the smaller index. Returns ascending indices and their values, of
+    the inputs' kind (NumPy: int64 indices when either input's are). ``dropped``: a list
+    to which the union's entries that were not kept are appended, as one (ascending
+    indices, values) pair of tensors (nothing when none was dropped).
     """
     args = (idx_a, val_a, idx_b, val_b)
+    if isinstance(idx_a, np.ndarray):
+        return _merge_np(*args, k, dropped)
     if _on_cpu(*args):
         idx, val = _merge_np(*(t.detach().numpy() for t in args), k, dropped)
         return torch.from_numpy(idx), torch.from_numpy(val)
@@ -124,3 +126,19 @@ def member_mask(sorted_set: Tensor, query: Tensor) -> Tensor:
         return torch.from_numpy(s[pos] == q)
     pos = torch.searchsorted(sorted_set, query).clamp_(max=sorted_set.numel() - 1)
     return sorted_set[pos] == query
+
+
+def pad_to(idx: Tensor, val: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A sparse vector of ``n <= k`` entries as one of exactly ``k`` (the wire format's
+    size): the ``k - n`` smallest indices not in ``idx`` join it with the value 0.0.
+    Returns (ascending indices, values, bool mask of the padding entries), or ``(idx,
+    val, None)`` when ``n == k``. A padding entry adds 0.0 wherever it lands (a sum or a
+    merge of it changes no other value) and was not selected: its rank keeps it."""
+    n = idx.numel()
+    if n == k:
+        return idx, val, None
+    first = torch.arange(k, device=idx.device)  # holds at least k - n indices not in idx
+    free = first[~member_mask(idx, first)][: k - n]
+    order = torch.cat([idx, free]).argsort()  # unique indices: any sort is stable
+    pad = torch.cat([torch.zeros(n, dtype=torch.bool, device=idx.device), free.new_ones(k - n, dtype=torch.bool)])
+    return torch.cat([idx, free])[order], torch.cat([val, val.new_zeros(k - n)])[order], pad[order]

@@ -1,0 +1,208 @@
+"""The round trace (``gtopk.reducers.wire.RoundTrace``) and its critical path
+(``gtopk.perf.trace``): in one process, over the recorded world's stand-in for
+``torch.distributed`` (``gtopk.perf.recorder``), whose logical clocks serve as the trace's
+clock (a message costs ``alpha + bytes * beta`` of them, local work nothing); and on
+timelines built by hand."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
+from gtopk.perf.trace import COLL_DONE, POST_COLL, critical_path
+from gtopk.reducers import GTopKReducer, wire
+from gtopk.reducers.costmodel import Network
+from gtopk.reducers.wire import END, MERGED, POST_RECV, POST_SEND, RECEIVED, ROUND, SENT, START, RoundTrace
+
+M, DENSITY = 1000, 0.004  # k = 4: a message of 32 bytes (16 with indices only)
+MIXED = Network(alpha=1.0, beta=0.25)  # bytes weigh beside latency
+SETTINGS = [{"algorithm": a, "putback": p} for a in ("tree", "recursive_doubling") for p in ("index", "exact")]
+
+
+def grads(P: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(M, generator=g) for _ in range(P)]
+
+
+def run(P: int, settings: dict, net: Network = ROUNDS, traced: bool = True, seed: int = 0):
+    """One ``reduce`` per rank in a recorded world on ``net``; per rank (events with START
+    and END, or None untraced; update; residual; record), and the world."""
+    world = RecordedWorld(P, nets=(net,))
+    gs = grads(P, seed)
+
+    def rank_fn(rank: int):
+        reducer = GTopKReducer(DENSITY, **settings)
+        clock = lambda: world.clocks[world.rank][0]  # noqa: E731
+        if traced:
+            reducer.trace = RoundTrace(clock)
+        start = clock()
+        update, rec = reducer.reduce(gs[rank].clone())
+        events = None
+        if traced:
+            events = [(start, START, 0, 0), *reducer.trace.take(), (clock(), END, 0, 0)]
+        return events, update, reducer.feedback.residual.clone(), rec
+
+    return world.run(rank_fn), world
+
+
+def kinds(events, kind: str) -> list:
+    return [e for e in events if e[1] == kind]
+
+
+@pytest.mark.parametrize("P", [2, 4, 8, 16, 3, 6])
+def test_rounds_per_rank_are_the_schedules(P):
+    """By hand: the tree's root takes part in every round up and down, ceil(log2 P) each; a
+    leaf (odd rank) sends once and receives once. Recursive doubling: log2(P2) exchanges,
+    plus a fold and a return for the ranks below P2 with a partner above, two rounds for
+    the ranks above P2 (P2: the largest power of two <= P)."""
+    levels = (P - 1).bit_length()
+    out, _ = run(P, {"algorithm": "tree", "putback": "index"})
+    assert len(kinds(out[0][0], ROUND)) == 2 * levels
+    assert all(len(kinds(out[r][0], ROUND)) == 2 for r in range(1, P, 2))
+    P2 = 1 << (P.bit_length() - 1)
+    out, _ = run(P, {"algorithm": "recursive_doubling", "putback": "index"})
+    for rank in range(P):
+        want = 2 if rank >= P2 else (P2.bit_length() - 1) + 2 * (rank + P2 < P)
+        assert len(kinds(out[rank][0], ROUND)) == want, rank
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(s.values()))
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+def test_traced_messages_are_the_messages_sent(P, settings):
+    """Every posted send in the trace is a message the world carried (source, destination,
+    bytes), and its bytes are the rank's record; every receive completed is one it got."""
+    out, world = run(P, settings)
+    for rank, (events, _, _, rec) in enumerate(out):
+        carried = Counter((m.dst, m.nbytes) for m in world.messages if m.src == rank)
+        got = Counter((m.src, m.nbytes) for m in world.messages if m.dst == rank)
+        assert Counter((e[2], e[3]) for e in kinds(events, POST_SEND)) == carried
+        assert Counter((e[2], e[3]) for e in kinds(events, SENT)) == carried
+        assert Counter((e[2], e[3]) for e in kinds(events, RECEIVED)) == got
+        assert Counter((e[2], e[3]) for e in kinds(events, POST_RECV)) == got
+        assert sum(e[3] for e in kinds(events, POST_SEND)) == rec.bytes_sent
+        assert len(kinds(events, POST_SEND)) == rec.messages_sent
+    k = int(DENSITY * M)
+    sizes = {m.nbytes for m in world.messages}
+    assert sizes <= {8 * k, 4 * k}  # (index, value) entries; indices or values alone (exact)
+
+
+def test_tracing_off_records_nothing_and_changes_no_result(monkeypatch):
+    traced, _ = run(5, {"algorithm": "tree", "putback": "index"})
+    made = []
+    monkeypatch.setattr(wire.RoundTrace, "__init__", lambda self, *a: made.append(a))
+    monkeypatch.setattr(wire.RoundTrace, "__call__", lambda self, *a: made.append(a))
+    plain, _ = run(5, {"algorithm": "tree", "putback": "index"}, traced=False)
+    assert made == []
+    for (_, u1, r1, rec1), (_, u2, r2, rec2) in zip(traced, plain):
+        assert torch.equal(u1, u2) and torch.equal(r1, r2)
+        assert (rec1.bytes_sent, rec1.messages_sent) == (rec2.bytes_sent, rec2.messages_sent)
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(s.values()))
+@pytest.mark.parametrize("P", [2, 3, 4, 5, 6, 7, 8, 9, 16])
+def test_critical_path_on_the_recorded_clock_is_the_cost_model(P, settings):
+    """Local work costs nothing on the recorded clock and every rank starts at 0: the path
+    is messages only (no skew, software or transport) and its length is the cost model's
+    critical path, in messages, bytes and both."""
+    for net in (ROUNDS, BYTES, MIXED):
+        out, _ = run(P, settings, net)
+        b = critical_path([o[0] for o in out], net)
+        model = GTopKReducer.predict_commu(P, M, net, DENSITY, **settings)
+        assert b.total == pytest.approx(model)
+        assert b.wire == pytest.approx(model)
+        assert (b.skew, b.software, b.transport) == (0.0, 0.0, 0.0)
+        if net is ROUNDS:
+            assert b.messages == model
+
+
+NET = Network(alpha=1.0, beta=0.0)
+
+
+def test_a_late_partner_is_skew_and_its_own_work_is_software():
+    """Rank 1 starts at 5 and sends at 6; rank 0 waits from 1 and holds the data at 10,
+    merges until 12. Path (back from rank 0's end): merge 2, transfer 6..10 (wire 1,
+    transport 3), rank 1's packing 5..6, then skew 5 (rank 1 started 5 after rank 0)."""
+    r0 = [(0, START, 0, 0), (1, POST_RECV, 1, 8), (10, RECEIVED, 1, 8), (12, MERGED, 0, 0), (12, END, 0, 0)]
+    r1 = [(5, START, 0, 0), (6, POST_SEND, 0, 8), (9, SENT, 0, 8), (9, END, 0, 0)]
+    b = critical_path([r0, r1], NET)
+    assert (b.total, b.span, b.skew, b.wire, b.transport, b.software, b.merge) == (12, 7, 5, 1, 3, 3, 2)
+    assert (b.messages, b.path_bytes) == (1, 8)
+    assert b.skew + b.wire + b.transport + b.software == b.total
+
+
+def test_a_message_already_due_is_waited_for_on_this_rank():
+    """The partner posted at 2, before this rank began to wait (4): the transfer is the wait
+    4..5 on this rank, and the path goes on back on this rank (its own work 0..4)."""
+    r0 = [(0, START, 0, 0), (0, POST_RECV, 1, 8), (4, ROUND, 0, 0), (5, RECEIVED, 1, 8), (5, END, 0, 0)]
+    r1 = [(0, START, 0, 0), (2, POST_SEND, 0, 8), (3, SENT, 0, 8), (3, END, 0, 0)]
+    b = critical_path([r0, r1], NET)
+    assert (b.total, b.skew, b.wire, b.transport, b.software) == (5, 0, 1, 0, 4)
+
+
+def test_an_exchange_waits_for_the_partners_send():
+    """Both post their sends (rank 0 at 1, rank 1 at 3, receives posted at 0); the exchange
+    completes at 6 on both: the path goes to rank 1 at 3 (its send gates rank 0)."""
+    ex = lambda peer, send_at: [  # noqa: E731
+        (0, START, 0, 0),
+        (0, POST_RECV, peer, 8),
+        (send_at, POST_SEND, peer, 8),
+        (6, SENT, peer, 8),
+        (6, RECEIVED, peer, 8),
+        (6, END, 0, 0),
+    ]
+    b = critical_path([ex(1, 1), ex(0, 3)], NET)
+    assert (b.total, b.skew, b.wire, b.transport, b.software, b.messages) == (6, 0, 1, 2, 3, 1)
+
+
+def test_a_backend_collective_waits_for_the_last_rank_to_post():
+    """Top-k's all-gather: rank 2 posts last (at 7), everyone holds the result at 9."""
+    ranks = [
+        [(s, START, 0, 0), (p, POST_COLL, 0, 8), (9, COLL_DONE, 0, 8), (9, END, 0, 0)]
+        for s, p in ((0, 1), (2, 3), (4, 7))
+    ]
+    b = critical_path(ranks, NET, collective_wire=1.5)
+    assert (b.total, b.span, b.skew, b.wire, b.transport, b.software) == (9, 5, 4, 1.5, 0.5, 3)
+
+
+def test_events_off_one_clock_or_unframed_are_refused():
+    r0 = [(0, START, 0, 0), (0, POST_RECV, 1, 8), (1, RECEIVED, 1, 8), (1, END, 0, 0)]
+    r1 = [(0, START, 0, 0), (3, POST_SEND, 0, 8), (4, SENT, 0, 8), (4, END, 0, 0)]  # posted after r0 got it
+    with pytest.raises(ValueError, match="one clock"):
+        critical_path([r0, r1], NET)
+    with pytest.raises(ValueError, match="begin with"):
+        critical_path([r0[1:], r1], NET)
+
+
+@pytest.mark.parametrize(
+    "override,names",
+    [
+        ("nodes=[1,2]", "nodes="),
+        ("nodes=4", "nodes="),
+        ("m=[0]", "m="),
+        ("steps=0", "steps="),
+        ("warmup=-1", "warmup="),
+        ("density=2", "density="),
+        ("+reducers.bad={_target_:os.system}", "reducers.bad"),
+        ("profile=/nonexistent/profile.json", "profile="),
+        ("realtime=yes", "realtime="),
+        ("pingpong.sizes=[8]", "pingpong.sizes="),
+        ("pingpong.reps=0", "pingpong.reps="),
+        ("cluster=emulated realtime=true", "dilation"),
+    ],
+)
+def test_tracerun_refuses_bad_settings_in_one_line(override, names):
+    from hydra import compose, initialize_config_dir
+
+    from gtopk.perf.tracerun import check
+    from gtopk.run.settings import ConfigError
+    from tests.config import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        check(compose("trace", overrides=[]))  # the defaults pass
+        cfg = compose("trace", overrides=override.split())
+    with pytest.raises(ConfigError, match=names) as e:
+        check(cfg)
+    assert "\n" not in str(e.value)
