@@ -89,6 +89,21 @@ def test_traced_messages_are_the_messages_sent(P, settings):
     assert sizes <= {8 * k, 4 * k}  # (index, value) entries; indices or values alone (exact)
 
 
+def test_receives_are_posted_before_they_are_due():
+    """gloo sends only to a posted receive (``gtopk.reducers.wire``): recursive doubling posts
+    every receive before its first round; the tree's root posts each receive one round
+    ahead (before merging the one before), a leaf its broadcast receive before that round."""
+    out, _ = run(8, {"algorithm": "recursive_doubling", "putback": "index"})
+    for events, *_ in out:
+        order = [e[1] for e in events]
+        assert max(i for i, k in enumerate(order) if k == POST_RECV) < order.index(ROUND)
+    out, _ = run(8, {"algorithm": "tree", "putback": "index"})
+    one_round = [ROUND, RECEIVED, POST_RECV, MERGED]
+    reduce = [START, POST_RECV, *one_round, *one_round, ROUND, RECEIVED, MERGED]
+    assert [e[1] for e in out[0][0]] == [*reduce, *[ROUND, POST_SEND, SENT] * 3, END]
+    assert [e[1] for e in out[1][0]] == [START, ROUND, POST_SEND, SENT, POST_RECV, ROUND, RECEIVED, END]
+
+
 def test_tracing_off_records_nothing_and_changes_no_result(monkeypatch):
     traced, _ = run(5, {"algorithm": "tree", "putback": "index"})
     made = []
