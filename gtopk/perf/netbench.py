@@ -217,7 +217,8 @@ def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
     return run_on_cluster(spec, fn, (cfg_dict,), timeout=cfg.timeout_s, keep=True)[0]
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV at ``path``, columns from the first row (local file work)."""
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -257,7 +258,7 @@ def main(cfg: DictConfig) -> None:
                 notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size",
             )
             prof.save(out / "profile.json")
-            _write_csv(
+            write_csv(
                 out / "pingpong.csv",
                 [{"bytes": n, "one_way_s": t, "fit_s": alpha + beta * n, "bits_per_s": 8 * n / t} for n, t in samples],
             )
@@ -300,7 +301,7 @@ def main(cfg: DictConfig) -> None:
                     flush=True,
                 )
         if rows and samples is not None:
-            _write_csv(out / "collectives.csv", rows)
+            write_csv(out / "collectives.csv", rows)
             print(f"collectives: {out / 'collectives.csv'}")
     finally:
         runner.close()

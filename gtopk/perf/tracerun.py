@@ -20,7 +20,6 @@ one clock.
 
 from __future__ import annotations
 
-import csv
 import socket
 import statistics
 import sys
@@ -199,13 +198,6 @@ def table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 @hydra.main(config_path="../../conf", config_name="trace", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:  # bad input: one line, exit 2, before any process starts
@@ -238,8 +230,8 @@ def main(cfg: DictConfig) -> None:
     for r in rows:
         r["dilation"] = cfg_dict["cluster"].get("dilation", 1)
     summary = summarise(rows)
-    _write_csv(out / "steps.csv", rows)
-    _write_csv(out / "trace.csv", summary)
+    netbench.write_csv(out / "steps.csv", rows)
+    netbench.write_csv(out / "trace.csv", summary)
     print(table(summary))
     print(f"traces: {out / 'steps.csv'}, summary: {out / 'trace.csv'}")
 
