@@ -16,7 +16,7 @@ FULL ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale payoff validate-model
+.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale payoff validate-model fidelity
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -130,6 +130,9 @@ reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (
 
 validate-model: setup  ## The performance model against measurement: every reducer, P=1..8, emulated 100 Mbit/s and 1 Gbit/s (docs/payoff.md)
 	$(REPRODUCE) validate --netbench "$(NETBENCH_ARGS)" $(ARGS)
+
+fidelity: setup  ## The emulated cluster's fidelity checks (docs/cluster.md): 16 jobs, 5-8 min, timing targets: run on a quiet machine
+	$(PY) -m gtopk.run.cluster.fidelity $(ARGS)
 
 # payoff: PAYOFF_RUNS = folders of training runs (default: runs/fig5_scale of make reproduce-scale where it
 # exists and DATA=fashion is not given, else those of make reproduce-fig5 that exist),
