@@ -123,6 +123,7 @@ def test_a_hung_rank_is_caught_by_the_timeout(tmp_path, nodes, setting, text):
     assert not done.left, done.left
 
 
+@pytest.mark.slow  # in make test: a failing rank stops its job (above)
 def test_a_sweep_goes_on_lists_its_unfinished_jobs_and_a_rerun_retries_them(tmp_path):
     """Of nodes=1,2,3: the P=2 job is held by another process (its lock) and the P=3 job's
     rank 2 raises; the sweep runs on, lists both, exits 1; the same command again skips
@@ -178,6 +179,7 @@ def start_and_wait_for_epoch_0(tmp_path: Path, args: list[str], sigint: str) -> 
     return proc, job
 
 
+@pytest.mark.slow  # in make test: workers die with their parent even on SIGKILL (below)
 def test_ctrl_c_stops_every_worker_and_a_rerun_resumes(tmp_path):
     """run.py as a terminal's foreground job (SIGINT at its default, see tests.procs.start):
     Ctrl-C, while one rank waits in a collective for the other, exits 130 and leaves no
@@ -218,6 +220,7 @@ def sigint_ignored(pid: int) -> bool:
     return bool(int(mask.split()[1], 16) & (1 << (signal.SIGINT - 1)))
 
 
+@pytest.mark.slow  # the SIGINT handling's other half is test_ctrl_c_stops_every_worker...
 def test_a_job_started_with_sigint_ignored_ignores_ctrl_c(tmp_path):
     """As a background job of a script (``cmd &``) or under nohup: run.py and its workers
     inherit SIGINT ignored and keep ignoring it (the kernel's SigIgn mask of every process

@@ -17,6 +17,7 @@ from tests.procs import FAST, one_line_error, run, simulated_train
 SIMULATED_TRAIN = simulated_train(nodes=2, train_size=96, test_size=16)
 
 
+@pytest.mark.slow  # in make test: tests/unit/test_identity.py (verdicts, move aside)
 def test_a_changed_setting_neither_skips_nor_overwrites_and_rerun_moves_aside(tmp_path):
     d = tmp_path / "job"
     first = run(*FAST, "model.lr=0.1", f"hydra.run.dir={d}")

@@ -83,6 +83,7 @@ def check_finished(run: RunDir, epochs: int, done: Done) -> None:
     assert sorted(int(p.name[5:]) for p in run.checkpoints.glob("epoch*")) == [epochs - 2, epochs - 1]
 
 
+@pytest.mark.slow  # in make test: tests/unit/test_checkpoints.py (generations, a rank's file missing)
 def test_a_kill_between_two_ranks_files_costs_one_epoch(tmp_path, monkeypatch):
     """The worker dies after rank 0's file of epoch 1 (ranks 1 and 2 not written): the
     same command resumes from epoch 0's generation and finishes."""

@@ -23,6 +23,7 @@ def worker_pids(job: Path, nodes: int) -> tuple[int, ...]:
     return tuple(pids)
 
 
+@pytest.mark.slow  # in make test: test_workergroup's runner_reuses_the_live_group_only_for_the_same_spec
 def test_jobs_of_one_p_share_a_group_and_each_keeps_its_lock_and_attempts(tmp_path):
     done = run("-m", f"hydra.sweep.dir={tmp_path}", *FAST, "nodes=1,2", "reducer=dense,gtopk")
     assert done.returncode == 0, done.stderr[-3000:]

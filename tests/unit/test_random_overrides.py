@@ -196,6 +196,7 @@ def outcome(context: list[str], override: str, key: str) -> str | None:
     return None
 
 
+@pytest.mark.slow  # in make test: the malformed and command-line cases below
 def test_every_random_override_is_refused_in_one_line_or_usable():
     """The property, over every drawn case (most are refused; some pass and are used)."""
     refused = passed = 0
