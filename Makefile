@@ -13,6 +13,8 @@ ARGS ?=
 DATA ?= digits
 NETBENCH_ARGS ?=
 FULL ?=
+# VARIANTS = reducer settings reproduce-fig6 also sweeps as lines of their own (selection=sampled)
+VARIANTS ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
@@ -94,7 +96,7 @@ wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJE
 	$(PY) -m analysis.wandb.report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
 
 reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
-	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" $(ARGS)
+	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" --variants "$(VARIANTS)" $(ARGS)
 
 reproduce-fig6-baselines: setup  ## DDP-fp16 and PowerSGD (torch's hooks) beside Fig. 6 / Table IV / breakdown, into the runs of reproduce-fig6
 	$(REPRODUCE) fig6 experiment=fig6_baselines --netbench "$(NETBENCH_ARGS)" $(ARGS)

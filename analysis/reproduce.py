@@ -17,8 +17,11 @@ after another measures once):
    (measured once per cluster setting);
 3. ``run.py -m experiment=fig6_reproduce`` (compute replayed from the p102 profile; its
    sweep axes in ``conf/experiment/fig6_reproduce.yaml``: the paper's four models; dense,
-   Top-k, gTop-k and DDP; P = 1, 2, 4, 8, the jobs of one P in one group of workers), any
-   override replacing the axis of its key (``model=vgg16,resnet20,alexnet``); a failed
+   Top-k, gTop-k, Ok-Topk and DDP; P = 1, 2, 4, 8, the jobs of one P in one group of
+   workers), any override replacing the axis of its key (``model=vgg16,resnet20,alexnet``);
+   then the same sweep of each ``--variants`` setting (none by default; ``selection=sampled``,
+   the sampled threshold: ``make reproduce-fig6 VARIANTS=selection=sampled``) over the
+   reducers whose yaml has it (``variant_sweeps``); a failed
    job fails the target with the list of failed jobs (finished ones are kept, and a re-run
    retries only the others);
 4. the analysis scripts with that profile (modelled extension to P = 16 and 32);
@@ -62,7 +65,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from analysis.reducers import names, ordered
+from analysis.reducers import conf_reducers, names, ordered
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
@@ -91,6 +94,11 @@ def fig5_plan(data: str, full: bool) -> list[list[str]]:
         ["experiment=fig5_fashion_baselines", f"reducer={','.join(hooks)}"],  # P = 4 real processes, 3 seeds
     ]
 
+
+#: settings the scaling targets also run as lines of their own (``variant_sweeps``): each over
+#: the reducers of the sweep whose yaml has the key (the sampled threshold: Top-k, gTop-k,
+#: Ok-Topk), labelled by it in the figures (``gtopk selection=sampled``)
+VARIANTS = (("selection", "sampled"),)
 
 SCALING_SCRIPTS = {
     "fig6": ["fig6", "table4", "breakdown", "commmodel"],  # one run, every scaling output
@@ -240,12 +248,28 @@ def validate(overrides: list[str], netbench: list[str]) -> None:
     )
 
 
-def scaling(target: str, overrides: list[str], netbench: list[str]) -> None:
-    """Steps 1-4 of the module docstring for a scaling target."""
+def variant_sweeps(overrides: list[str], variants=VARIANTS) -> list[list[str]]:
+    """The ``run.py -m`` argument lists that run each (key, value) of ``variants`` over the
+    reducers of the sweep (``axis``) whose ``conf/reducer`` yaml has the key, with the
+    sweep's other axes; none for a setting no reducer of the sweep has."""
+    sweeps = []
+    reducers = axis(overrides, "reducer")
+    for key, value in variants:
+        having = [r for r in reducers if key in conf_reducers().get(r, {})]
+        if having:
+            sweeps.append(merged(overrides, [f"reducer={','.join(having)}", f"reducer.{key}={value}"]))
+    return sweeps
+
+
+def scaling(target: str, overrides: list[str], netbench: list[str], variants=()) -> None:
+    """Steps 1-4 of the module docstring for a scaling target, the ``variants`` swept after
+    the experiment (``variant_sweeps``)."""
     t0 = time.monotonic()
     overrides = pick_cluster(merged(DEFAULTS, overrides))
     runs, net = calibrate(overrides, netbench)
     run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
+    for sweep in variant_sweeps(overrides, variants):
+        run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
     for script in SCALING_SCRIPTS[target]:
         run([sys.executable, "-m", f"analysis.figures.{script}", str(runs), "--network", str(net / "profile.json")])
     export(runs)
@@ -328,6 +352,14 @@ def main(argv: list[str] | None = None) -> None:
         help="fig5: the offline digits (default) or Fashion-MNIST (Debian's dataset-fashion-mnist)",
     )
     ap.add_argument("--netbench", default="", help='extra gtopk.perf.netbench overrides, e.g. "pingpong.reps=3"')
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="scaling targets: reducer settings also run as lines of their own, KEY=VALUE,... over the "
+        "reducers of the sweep whose yaml has KEY (e.g. "
+        + ",".join(f"{k}={v}" for k, v in VARIANTS)
+        + ", the sampled threshold; default none: each variant adds a sweep to the target's time)",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
     args = ap.parse_intermixed_args(argv)
     if args.target == "fig5":
@@ -337,7 +369,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.target == "scale":
         scale(args.overrides)
     else:
-        scaling(args.target, args.overrides, shlex.split(args.netbench))
+        variants = [tuple(v.split("=", 1)) for v in args.variants.split(",") if "=" in v]
+        scaling(args.target, args.overrides, shlex.split(args.netbench), variants)
 
 
 if __name__ == "__main__":

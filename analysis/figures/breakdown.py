@@ -23,7 +23,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import jobs_or_exit, model_rank, out_dir, panels, parser, save
+from analysis.common import model_rank, out_dir, panels, parser, save
+from analysis.figures.fig6 import labelled_jobs
 from analysis.reducers import ordered
 from analysis.scaling import SETUP, modelled, rest_of_iteration
 from gtopk import paper
@@ -81,14 +82,15 @@ def paper_bars(models) -> pd.DataFrame:
 
 def plot(bars: pd.DataFrame) -> plt.Figure:
     models = sorted(bars["model"].unique(), key=model_rank)
-    fig, axes = panels(len(models), max(4.0, 1.0 + 0.75 * bars.groupby("model").size().max()), 4.2)
+    fig, axes = panels(len(models), max(4.0, 1.0 + 1.0 * bars.groupby("model").size().max()), 4.2)
     for ax, model in zip(axes, models):
         g = bars[bars["model"] == model]
         order = []
         for kind in ("measured", "modelled", "paper"):
             k = g[g["kind"] == kind]
             order += [k[k["reducer"] == r].iloc[0] for r in ordered(k["reducer"])]
-        labels = [f"{r['reducer']}\nP={int(r['nodes'])}\n{r['kind']}" for r in order]
+        # a label's settings on lines of their own (gtopk / selection=sampled): the bars are narrow
+        labels = [f"{r['reducer'].replace(' ', chr(10))}\nP={int(r['nodes'])}\n{r['kind']}" for r in order]
         bottom = [0.0] * len(order)
         for part in PARTS:
             vals = [float(r[part]) for r in order]
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-nodes", type=int, default=32, help="P of the modelled bars (default 32)")
     ap.add_argument("--local-from", type=int, default=1, help="P of the jobs whose local times feed the model")
     args = ap.parse_args(argv)
-    jobs = jobs_or_exit(args)
+    jobs = labelled_jobs(args)  # a bar per reducer label (gtopk selection=sampled: its own)
     parts = [measured_bars(jobs, args.nodes)]
     if args.network:
         parts.append(modelled_bars(jobs, NetworkProfile.load(args.network), args.model_nodes, args.local_from))

@@ -17,7 +17,8 @@ import sys
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from analysis.common import MARKERS, jobs_or_exit, model_rank, out_dir, panels, parser, save
+from analysis.common import MARKERS, model_rank, out_dir, panels, parser, save
+from analysis.figures.fig6 import labelled_jobs
 from analysis.reducers import ordered, palette
 from gtopk.perf.model import NetworkProfile, UnknownConfig, compare
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--network", required=True, help="network profile (gtopk.perf.netbench's profile.json, or `paper`)")
     args = ap.parse_args(argv)
-    cmp = comparisons(jobs_or_exit(args), NetworkProfile.load(args.network))
+    cmp = comparisons(labelled_jobs(args), NetworkProfile.load(args.network))
     if cmp.empty:
         raise SystemExit("no jobs with P > 1: nothing communicated")
     save(plot(cmp), cmp, out_dir(args.roots, args.out), "commmodel")

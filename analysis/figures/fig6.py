@@ -1,5 +1,6 @@
 """Fig. 6: scaling efficiency e(P) = v_P / v_1 against P, one panel per model (and setup),
-one line per reducer: measured solid, modelled dashed (calibrated alpha-beta model, see
+one line per reducer label (a reducer at other settings than its yaml's, e.g. the sampled
+threshold ``gtopk selection=sampled``, is a line of its own): measured solid, modelled dashed (calibrated alpha-beta model, see
 ``analysis.scaling``), the paper's values in grey.
 
     python -m analysis.figures.fig6 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
@@ -16,6 +17,7 @@ import pandas as pd
 from analysis.common import MARKERS, jobs_or_exit, model_rank, out_dir, panels, parser, save
 from analysis.reducers import ordered, palette
 from analysis.scaling import SETUP, efficiencies, paper_efficiency
+from analysis.training import reducer_label
 from gtopk.perf.model import NetworkProfile
 
 PAPER_STYLE = {"color": "0.6", "linewidth": 1.0, "linestyle": ":", "markersize": 4}
@@ -39,11 +41,31 @@ def add_model_args(ap) -> None:
     ap.add_argument("--extend", default="16,32", help="P values modelled beyond the measured ones")
 
 
+def labelled(jobs: pd.DataFrame) -> pd.DataFrame:
+    """``jobs`` with each row's ``reducer`` its label (``analysis.training.reducer_label``:
+    the config name and the settings that differ from its yaml, e.g. ``gtopk
+    selection=sampled``), so that a reducer run at other settings is a line, row and bar of
+    its own instead of joining the yaml's medians. A row without its reducer's config keeps
+    its name."""
+    jobs = jobs.copy()
+    if "reducer_cfg" in jobs:
+        jobs["reducer"] = [
+            reducer_label(str(name), dict(cfg)) if isinstance(cfg, dict) and cfg else name
+            for name, cfg in zip(jobs["reducer"], jobs["reducer_cfg"])
+        ]
+    return jobs
+
+
+def labelled_jobs(args) -> pd.DataFrame:
+    """The finished jobs the arguments name (``jobs_or_exit``), ``labelled``."""
+    return labelled(jobs_or_exit(args))
+
+
 def compute(args) -> pd.DataFrame:
-    """Measured + modelled efficiencies for the arguments' runs."""
+    """Measured + modelled efficiencies for the arguments' runs, a line per reducer label."""
     net = NetworkProfile.load(args.network) if args.network else None
     extend = [int(p) for p in str(args.extend).split(",") if p]
-    return efficiencies(jobs_or_exit(args), net, args.baseline, args.local_from, extend)
+    return efficiencies(labelled_jobs(args), net, args.baseline, args.local_from, extend)
 
 
 def panel_title(key: tuple) -> str:

@@ -1,10 +1,11 @@
 """Table IV: scaling efficiency at each P per reducer, and speedups (ratios of throughput,
 hence of efficiency), beside the paper's. By default (``default_pairs``, from what the
 reducer classes declare, ``analysis.reducers``): the last method in plot order that is not a
-payoff baseline (gTop-k) over every other reducer in the table (dense, Top-k, then DDP and,
+payoff baseline (Ok-Topk where its runs exist, else gTop-k) over every other reducer in the table (dense, Top-k, then DDP and,
 when their runs exist, the stronger baselines DDP-fp16 and PowerSGD: ``make
 reproduce-fig6-baselines``), and each other such method (Top-k, dense) over the baseline a
-user would pick instead (DDP).
+user would pick instead (DDP), and a reducer at other settings than its yaml's (the sampled
+threshold, labelled ``gtopk selection=sampled``) over the same reducer at the yaml's.
 
     python -m analysis.figures.table4 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
@@ -40,19 +41,24 @@ def speedup_pairs(text: str) -> list[tuple[str, str]]:
 
 
 def default_pairs(names) -> list[tuple[str, str]]:
-    """The speedups of the table of reducers ``names``: the last non-baseline in plot order
-    (the subject) over every other (non-baselines, then the payoff baselines, each in plot
-    order); then each other non-baseline, last first, over the reference baseline (the
-    payoff baseline whose update is the exact average: DDP), when it is among ``names``."""
+    """The speedups of the table of reducers ``names`` (config names or labels): the last
+    non-baseline in plot order at its yaml's settings (the subject) over every other
+    (non-baselines, then the payoff baselines, each in plot order); then each other
+    non-baseline, last first, over the reference baseline (the payoff baseline whose update
+    is the exact average: DDP), when it is among ``names``; then each label at other
+    settings (``gtopk selection=sampled``) over its reducer at the yaml's (``gtopk``)."""
     names = ordered(names)
     methods = [n for n in names if not declared(n).payoff_baseline]
     baselines = [n for n in names if declared(n).payoff_baseline]
     if not methods:
         return []
-    subject, others = methods[-1], methods[:-1]
+    plain = [n for n in methods if " " not in n]
+    subject = plain[-1] if plain else methods[-1]
+    others = [n for n in methods if n != subject]
     pairs = [(subject, other) for other in others + baselines]
     ref = next((b for b in baselines if declared(b).exact_average), None)
-    return pairs + ([(m, ref) for m in reversed(others)] if ref else [])
+    pairs += [(m, ref) for m in reversed(others)] if ref else []
+    return pairs + [(n, n.split(" ")[0]) for n in names if " " in n and n.split(" ")[0] in names]
 
 
 def _example() -> str:

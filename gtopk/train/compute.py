@@ -2,9 +2,14 @@
 
 ``compute=measured`` (``MeasuredCompute``): every step runs forward and backward on real
 batches. ``compute=replay`` (``ReplayedCompute``): every step fills the gradients with a
-fixed per-rank random vector (the real reducer then aggregates it over the real network)
-and sleeps until ``t_compute`` has passed, so P workers share a few cores without their
-compute contending. The sleep is in the worker's virtual time (``gtopk.host.sleep``):
+random vector (the real reducer then aggregates it over the real network) and sleeps until
+``t_compute`` has passed, so P workers share a few cores without their compute contending.
+The vector (``compute.gradient``): ``steady`` (the default) is a new one every step and
+rank, part of it shared by the ranks, the first step's standing for the residual training
+has accumulated (``ReplayedCompute.replayed``: what makes a threshold that Ok-Topk keeps
+from one step select about as many entries in the next steps as in training,
+docs/oktopk.md); ``fixed`` is the same vector every step (before ``steady``: under it
+Ok-Topk's kept thresholds select 99 to 376 times k). The sleep is in the worker's virtual time (``gtopk.host.sleep``):
 under time dilation D (``cluster.dilation``) it lasts t_compute x D on the wall. A model wrapped for backward hooks (DDP) gets a replayed
 backward pass instead (``gtopk.train.replay_backward``), so that its communication happens and
 overlaps as it would. ``t_compute`` comes from a *compute profile*:
@@ -89,13 +94,17 @@ class MeasuredCompute(Compute):
 
 
 class ReplayedCompute(Compute):
-    """Sleep for the profile's t_compute; the gradient is a fixed random vector per rank.
+    """Sleep for the profile's t_compute; the gradient is a random vector of this rank's.
 
     ``warmup_sleep``: whether the benchmark's warm-up steps (the first ``warmup_steps``
     calls, excluded from every summary) sleep t_compute too. They exist to warm up the
     communication and the buffers, which the sleep does nothing for; without it a
     ResNet-50 job (4.84 s per replayed step) saves 4.84 s per warm-up step. Timed steps
     always sleep t_compute.
+
+    ``gradient``: ``steady`` or ``fixed`` (``GRADIENTS``; the module docstring, ``replayed``);
+    ``shared``: the fraction of a steady gradient's variance that every rank draws alike;
+    ``carry``: how many steps' gradients the first steady one stands for.
     """
 
     kind = "replay"
@@ -109,14 +118,24 @@ class ReplayedCompute(Compute):
         grad_scale: float = 1e-3,
         warmup_sleep: bool = True,
         warmup_steps: int = 0,
+        gradient: str = "fixed",
+        shared: float = 0.0,
+        carry: float = 1.0,
     ):
+        if gradient not in GRADIENTS:
+            raise ProfileError(f"compute.gradient={gradient!r} is unknown; choose one of {', '.join(GRADIENTS)}")
+        if not 0.0 <= float(shared) <= 1.0:
+            raise ProfileError(f"compute.shared={shared!r} must be in [0, 1] (a fraction of the variance)")
+        if not float(carry) >= 1.0:
+            raise ProfileError(f"compute.carry={carry!r} must be >= 1 (steps the first gradient stands for)")
         self.profile = str(profile)
         self.t_compute = None if t_compute is None else float(t_compute)
         self.grad_scale = grad_scale
         self.warmup_sleep = bool(warmup_sleep)
         self.warmup_steps = int(warmup_steps)
+        self.gradient_kind, self.shared, self.carry = gradient, float(shared), float(carry)
         self.steps = 0  # gradient() calls so far
-        self.bank: torch.Tensor | None = None
+        self.banks: list[torch.Tensor] = []
 
     def describe(self) -> dict:
         return {"compute": self.kind, "compute_profile": self.profile, "t_compute_replayed": self.t_compute}
@@ -144,42 +163,87 @@ class ReplayedCompute(Compute):
         for p in worker.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.bank = replay_gradient(worker.m, worker.cfg.seed, worker.rank, self.grad_scale, worker.device)
+        self.banks = replay_banks(
+            worker.m, worker.cfg.seed, worker.rank, self.grad_scale, worker.device, self.gradient_kind, self.shared
+        )
+
+    def replayed(self, step: int, m: int) -> tuple[list[torch.Tensor], float]:
+        """Step ``step``'s gradient (counted from 0) as (views of m values, one per bank, to be
+        summed; a factor): ``fixed``: the one bank's first m values, factor 1. ``steady``: the
+        window of m values at offset ``step * STRIDE mod WINDOW`` of each bank (a new draw for
+        every entry at every step, WINDOW steps apart at most), the rank's bank holding
+        1 - ``shared`` of the variance and the seed's bank, the same on every rank, the rest;
+        step 0's factor is sqrt(``carry``): the sum of ``carry`` steps' independent draws, as a
+        residual that training has accumulated (an error-feedback reducer starts with none)."""
+        if self.gradient_kind == "fixed":
+            return [self.banks[0][:m]], 1.0
+        offset = (step * STRIDE) % WINDOW
+        return [b[offset : offset + m] for b in self.banks], (self.carry**0.5 if step == 0 else 1.0)
 
     def gradient(self, worker, fetch):
+        step = self.steps
         t_compute = self.step_time()
+        parts, factor = self.replayed(step, worker.m)
         if worker.net is not worker.model:  # a wrapper that hooks into backward (DDP)
-            replay_backward(worker.net, worker.model, worker.params, self.bank, t_compute, worker.backward.run)
+            replay_backward(worker.net, worker.model, worker.params, parts, t_compute, worker.backward.run, factor)
             return 0.0, None
         start = host.now()
         offset = 0
         for p in worker.params:
             n = p.numel()
-            p.grad.copy_(self.bank[offset : offset + n].view_as(p))
+            p.grad.copy_(parts[0][offset : offset + n].view_as(p))
+            for more in parts[1:]:
+                p.grad.add_(more[offset : offset + n].view_as(p))
+            if factor != 1.0:
+                p.grad.mul_(factor)
             offset += n
         worker.clock()  # waits for the copies on a GPU
         host.sleep(t_compute - (host.now() - start))  # virtual seconds: D x as long under time dilation
         return 0.0, None
 
 
-#: the last replay gradient made in this process, by its arguments: the jobs of one model in
-#: a sweep run one after another in the same worker processes (gtopk.run.runner) and read it
-_LAST_GRADIENT: dict[tuple, torch.Tensor] = {}
+#: compute.gradient's values (``ReplayedCompute.replayed``)
+GRADIENTS = ("steady", "fixed")
+#: a steady bank holds m + WINDOW values; step t's gradient is the m at offset t * STRIDE mod WINDOW
+WINDOW = 1 << 20
+#: odd, so that steps 0 .. WINDOW - 1 get distinct offsets (about WINDOW x 0.618: far apart)
+STRIDE = 648_055
+
+#: the last replay banks made in this process, by their arguments (one of a rank's and one
+#: shared): the jobs of one model in a sweep run one after another in the same worker
+#: processes (gtopk.run.runner) and read them
+_LAST_GRADIENT: dict[str, tuple[tuple, torch.Tensor]] = {}
 
 
-def replay_gradient(m: int, seed: int, rank: int, scale: float, device: torch.device) -> torch.Tensor:
-    """Rank ``rank``'s fixed replay gradient: ``scale`` x m standard normal values from a
-    generator seeded by (seed, rank), on ``device``. Read only. The last one made is kept
-    and returned again for the same arguments (the same values: it is a function of
-    them), sparing a worker the 0.3 s (AlexNet) of drawing it per job, 1.2 s with 8 workers
-    on 2 cores; asking for another drops it first."""
-    key = (m, seed, rank, scale, str(device))
-    if key not in _LAST_GRADIENT:
-        _LAST_GRADIENT.clear()
-        gen = torch.Generator().manual_seed(1_000_003 * (seed + 1) + rank)
+def replay_banks(
+    m: int, seed: int, rank: int, scale: float, device: torch.device, kind: str = "fixed", shared: float = 0.0
+) -> list[torch.Tensor]:
+    """The banks ``ReplayedCompute.replayed`` reads: ``fixed``: rank ``rank``'s m values;
+    ``steady``: m + WINDOW values of the rank's scaled by sqrt(1 - ``shared``) and of the
+    seed's (every rank's alike) by sqrt(``shared``), a bank of weight 0 left out."""
+    if kind == "fixed":
+        return [replay_gradient(m, seed, rank, scale, device)]
+    weights = ((rank, 1.0 - shared), (None, shared))
+    return [replay_gradient(m, seed, r, scale * w**0.5, device, WINDOW) for r, w in weights if w > 0]
+
+
+def replay_gradient(
+    m: int, seed: int, rank: int | None, scale: float, device: torch.device, extra: int = 0
+) -> torch.Tensor:
+    """Rank ``rank``'s replay bank: ``scale`` x (m + ``extra``) standard normal values from a
+    generator seeded by (seed, rank), on ``device``; ``rank=None``: the seed's bank, the same
+    on every rank. Read only. The last one made of a rank's (and of the seed's) is kept and
+    returned again for the same arguments (the same values: it is a function of them),
+    sparing a worker the 0.3 s (AlexNet) of drawing it per job, 1.2 s with 8 workers on 2
+    cores; asking for another drops it first."""
+    key = (m, seed, rank, scale, str(device), extra)
+    slot = "seed" if rank is None else "rank"
+    if slot not in _LAST_GRADIENT or _LAST_GRADIENT[slot][0] != key:
+        _LAST_GRADIENT.pop(slot, None)
+        gen = torch.Generator().manual_seed(1_000_003 * (seed + 1) + (-1 if rank is None else rank))
         # scaled in place: no second model-sized temporary (the values of randn * scale)
-        _LAST_GRADIENT[key] = torch.randn(m, generator=gen, device="cpu").mul_(scale).to(device)
-    return _LAST_GRADIENT[key]
+        _LAST_GRADIENT[slot] = (key, torch.randn(m + extra, generator=gen, device="cpu").mul_(scale).to(device))
+    return _LAST_GRADIENT[slot][1]
 
 
 def images_per_step(cfg: Any) -> int:

@@ -26,7 +26,7 @@ lasts D times as long on the wall.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -71,25 +71,33 @@ def replay_backward(
     net: nn.Module,
     model: nn.Module,
     params: list[nn.Parameter],
-    bank: torch.Tensor,
+    bank: torch.Tensor | Sequence[torch.Tensor],
     t_compute: float,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    factor: float = 1.0,
     forward_share: float = FORWARD_SHARE,
 ) -> None:
     """One replayed forward/backward through ``net`` (the wrapper of ``model``): every
-    ``p.grad`` receives its slice of ``bank`` (and whatever the wrapper's hooks do to
-    it, e.g. DDP's average over ranks). Takes about ``t_compute`` seconds, plus whatever
-    communication the wrapper does not hide. ``backward(loss)`` runs the backward pass
-    (the worker's ``gtopk.train.backward.Backward.run``, which times DDP's all-reduces)."""
+    ``p.grad`` receives ``factor`` x its slice of ``bank`` (of the sum of the banks, when
+    it is a sequence: ``gtopk.train.compute.ReplayedCompute.replayed``), and whatever the
+    wrapper's hooks do to it, e.g. DDP's average over ranks. Takes about ``t_compute``
+    seconds, plus whatever communication the wrapper does not hide. ``backward(loss)`` runs
+    the backward pass (the worker's ``gtopk.train.backward.Backward.run``, which times
+    DDP's all-reduces)."""
     start = host.now()
+    banks = [bank] if isinstance(bank, torch.Tensor) else list(bank)
     deadlines = ready_times(params, start, t_compute, forward_share)
     slices, offset = [], 0
     for p in params:
-        slices.append(bank[offset : offset + p.numel()].view_as(p))
+        slices.append([b[offset : offset + p.numel()].view_as(p) for b in banks])
         offset += p.numel()
 
+    def term(p: nn.Parameter, gs: list[torch.Tensor]) -> torch.Tensor:
+        loss = sum((p * g).sum() for g in gs)  # its gradient: the sum of the slices
+        return loss * factor if factor != 1.0 else loss
+
     def surrogate(*_: Any, **__: Any) -> torch.Tensor:
-        terms = [_ReadyAt.apply((p * g).sum(), d) for p, g, d in zip(params, slices, deadlines)]
+        terms = [_ReadyAt.apply(term(p, gs), d) for p, gs, d in zip(params, slices, deadlines)]
         return torch.stack(terms).sum()
 
     host.sleep(start + forward_share * t_compute - host.now())

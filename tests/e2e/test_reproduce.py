@@ -26,24 +26,34 @@ TINY = "model=resnet20 nodes=1,2 benchmark.warmup=1 benchmark.iters=1 batch_size
 NETBENCH = "pingpong.reps=2 pingpong.sizes=[8,65536,1048576]"
 
 
-def make(target: str, runs: Path, wandb_dir: Path, args: str = TINY) -> str:
+def make(target: str, runs: Path, wandb_dir: Path, args: str = TINY, *extra: str) -> str:
     """``make <target>`` as a user types it (no WANDB_* setting of theirs), its wandb export in ``wandb_dir``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"WANDB_DIR": str(wandb_dir)}
     out = subprocess.run(
-        ["make", "-s", "-C", str(ROOT), target, f"ARGS=hydra.sweep.dir={runs} {args}", f"NETBENCH_ARGS={NETBENCH}"],
+        [
+            "make",
+            "-s",
+            "-C",
+            str(ROOT),
+            target,
+            f"ARGS=hydra.sweep.dir={runs} {args}",
+            f"NETBENCH_ARGS={NETBENCH}",
+            *extra,
+        ],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=900,
         env=env,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout + out.stderr
 
 
+@pytest.mark.slow  # 16 jobs on the emulated cluster; its analysis is in make test (tests/unit/test_analysis.py)
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_reproduce_fig6_smoke(tmp_path):
     runs, wandb_dir = tmp_path / "fig6", tmp_path / "wandb"
-    log = make("reproduce-fig6", runs, wandb_dir)
+    log = make("reproduce-fig6", runs, wandb_dir, TINY, "VARIANTS=selection=sampled")
     cluster = "emulated" if unavailable_reason() is None else "local"
     assert ("WARNING: cannot emulate" in log) == (cluster == "local")
     assert f"Outputs in {runs / 'analysis'}" in log
@@ -53,18 +63,19 @@ def test_reproduce_fig6_smoke(tmp_path):
     ours = fig6[fig6["kind"] != "paper"]
     assert set(ours["cluster"]) == {cluster} and set(ours["compute"]) == {"replay"}
     measured = ours[ours["kind"] == "measured"]
+    sampled = [f"{r} selection=sampled" for r in ("topk", "gtopk", "oktopk")]  # the variant sweep, by label
     assert set(zip(measured["reducer"], measured["nodes"])) == {
-        (r, p) for r in ("dense", "topk", "gtopk", "ddp") for p in (1, 2)
+        (r, p) for r in ("dense", "topk", "gtopk", "oktopk", "ddp", *sampled) for p in (1, 2)
     }
     assert set(ours[ours["kind"] == "modelled"]["nodes"]) == {1, 2, 16, 32}
     assert measured.set_index(["reducer", "nodes"]).loc[("ddp", 1), "efficiency"] == pytest.approx(1.0)  # v_1
-    for nodes in (1, 2):  # the sweep's `nodes` axis comes first: the 4 jobs of a P share one group
-        jobs = list(runs.glob(f"*,nodes={nodes},*"))
-        assert len(jobs) == 4 and len({r["pid"] for j in jobs for r in read_jsonl(j / "iters.rank0.jsonl")}) == 1
+    for nodes in (1, 2):  # the sweep's `nodes` axis comes first: the 5 jobs of a P share one group
+        jobs = [j for j in runs.glob(f"*,nodes={nodes},*") if "selection=" not in j.name]
+        assert len(jobs) == 5 and len({r["pid"] for j in jobs for r in read_jsonl(j / "iters.rank0.jsonl")}) == 1
 
     exported = offline_runs(wandb_dir)  # every job and the analysis folder, offline, read back
     jobs = sorted(p.parent for p in runs.glob("*/summary.json"))
-    assert len(jobs) == 8 and len(exported) == 9 and "8 job run(s) and 1 analysis run(s) exported (offline)" in log
+    assert len(jobs) == 16 and len(exported) == 17 and "16 job run(s) and 1 analysis run(s) exported (offline)" in log
     for job in jobs:
         cfg, summary = yaml.safe_load((job / "config.yaml").read_text()), json.loads((job / "summary.json").read_text())
         run = next(r for r in exported.values() if r.config.get("run_dir") == str(job.resolve()))
@@ -85,7 +96,10 @@ def test_reproduce_fig6_smoke(tmp_path):
 
     table = pd.read_csv(runs / "analysis" / "table4.csv")  # written by reproduce-fig6 from the same runs
     row = table[(table["kind"] == "measured") & (table["nodes"] == 2)].iloc[0]
-    assert row["gtopk/dense"] == pytest.approx(row["e_gtopk"] / row["e_dense"])
+    assert row["oktopk/dense"] == pytest.approx(row["e_oktopk"] / row["e_dense"])
+    assert row["gtopk/ddp"] == pytest.approx(row["e_gtopk"] / row["e_ddp"])
+    label = "gtopk selection=sampled"  # a setting over its reducer at the yaml's
+    assert row[f"{label}/gtopk"] == pytest.approx(row[f"e_{label}"] / row["e_gtopk"])
     assert (runs / "analysis" / "table4.md").exists()
 
 
