@@ -18,7 +18,7 @@ another communication inside the same timing hook: torch's own hooks, called as 
 which the record reports what the step sent (``payload_bytes``, and ring traffic).
 With ``cluster=simulated`` the hook baselines run the same ``communicate`` for P virtual
 ranks of one process, on DDP's buckets (``prepare_group``, ``reduce_group``:
-``baselines.inprocess``); plain DDP is refused there (``reducer=dense`` is its update).
+``gtopk.simulated.hooks``); plain DDP is refused there (``reducer=dense`` is its update).
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
@@ -30,11 +30,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from baselines.inprocess import HookGroup, hook_group
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import VALUE_BYTES, dense_traffic
 from gtopk.reducers.dense import DenseReducer
+from gtopk.simulated.hooks import HookGroup, hook_group
 from gtopk.train.backward import Backward, BackwardCommu
 
 Stamp = float | torch.cuda.Event
@@ -184,7 +184,7 @@ class DDPReducer(DenseReducer):
         rec.payload_bytes = sum(sent) * self.word
         rec.set_traffic(dense_traffic(P, sent, self.word))
 
-    # -- cluster=simulated: the hooks of P virtual ranks in one process (baselines.inprocess) --
+    # -- cluster=simulated: the hooks of P virtual ranks in one process (gtopk.simulated.hooks) --
     #: the in-process group this reducer is a rank of (set by ``prepare_group``; None: P = 1)
     simulation: HookGroup | None = None
     #: what ``communicate`` gets as its state there (``hook_state`` for the rank's group)
@@ -204,7 +204,7 @@ class DDPReducer(DenseReducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``baselines.inprocess.hook_group`` (after ``prepare_group``)."""
+        """Local: ``gtopk.simulated.hooks.hook_group`` (after ``prepare_group``)."""
         if accumulated:
             raise ValueError("the hook baselines keep no residual rows: their gradients cannot have been accumulated")
         return hook_group(workers, grads)

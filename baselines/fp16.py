@@ -25,7 +25,7 @@ class DDPFp16Reducer(DDPReducer):
     issued by DDP from backward). Records: ``payload_bytes`` = 2 bytes per gradient entry."""
 
     word = 2
-    #: cluster=simulated runs torch's hook on P virtual ranks (``baselines.inprocess``)
+    #: cluster=simulated runs torch's hook on P virtual ranks (``gtopk.simulated.hooks``)
     simulatable = True
     display_name = "DDP-fp16"
     #: the sum is taken in fp16 in the backend's order (gloo's ring) on real ranks and in

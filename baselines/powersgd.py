@@ -24,7 +24,7 @@ so that a resumed job, whose new DDP has other buckets, continues as the uninter
 would. torch's own pickling of ``PowerSGDState`` drops the process group and restores the
 default one (pytorch#75666): it is not used; the state object keeps this reducer's group.
 With ``cluster=simulated`` each virtual rank's reducer holds its own state, in the same
-checkpoint format (``baselines.inprocess``).
+checkpoint format (``gtopk.simulated.hooks``).
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
@@ -55,7 +55,7 @@ def _flag(name: str, value: Any) -> bool:
 class PowerSGDReducer(DDPReducer):
     """DDP + ``powerSGD_hook`` (collective: the hook's all-reduces, issued by DDP from backward)."""
 
-    #: cluster=simulated runs torch's hook on P virtual ranks (``baselines.inprocess``)
+    #: cluster=simulated runs torch's hook on P virtual ranks (``gtopk.simulated.hooks``)
     simulatable = True
     display_name = "PowerSGD"
     plot_order = 40

@@ -15,9 +15,10 @@ import torch.distributed as dist
 
 from gtopk.perf import netbench
 from gtopk.run.world import join_group
-from gtopk.train.loop import Worker, run_worker
-from gtopk.train.simulated import run_simulated
-from gtopk.train.virtual import SimulatedWorker
+from gtopk.simulated.ranks import run_simulated
+from gtopk.simulated.worker import SimulatedWorker
+from gtopk.train.loop import run_worker
+from gtopk.train.worker import Worker
 from tests.strict_nccl import ExplicitDevice, _Patches, strict
 
 

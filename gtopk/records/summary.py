@@ -32,7 +32,7 @@ def git_commit() -> str | None:
 
 
 #: ``summary.json``'s ``backend`` of a ``cluster=simulated`` run (no torch.distributed backend: its P
-#: ranks are one process; ``gtopk.train.simulated`` writes it, ``analysis.training`` reads it)
+#: ranks are one process; ``gtopk.simulated.ranks`` writes it, ``analysis.training`` reads it)
 SIMULATED_BACKEND = "in-process"
 
 

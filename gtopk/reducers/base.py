@@ -26,7 +26,7 @@ Contract (what a newcomer needs):
 * ``wrap(model)`` gives the module the loop runs forward/backward on (DDP wraps it);
   ``predict_commu`` is the alpha-beta model of one ``reduce``'s communication.
 * ``reduce_group(workers, grads)`` (``simulatable`` reducers): P ranks' ``reduce`` in one
-  process, bit for bit for Top-k and gTop-k (``gtopk.reducers.inprocess``).
+  process, bit for bit for Top-k and gTop-k (``gtopk.simulated.reduce``).
 * ``diagnostics`` (on in ``mode=train``): records also carry update_nnz, residual_norm and
   lost_l1 (``ReduceRecord``), from what the rank holds: no extra communication.
 
@@ -311,7 +311,7 @@ class Reducer(ABC):
         """Local. What rank i's ``reduce(grads[i])`` returns in a group of P = len(workers)
         ranks, rank i's state being ``workers[i]``'s (updated as ``reduce`` would).
         ``accumulated``: the gradients were already added into the ranks' error-feedback
-        residuals, held as one matrix (``inprocess.residual_matrix``)."""
+        residuals, held as one matrix (``gtopk.simulated.reduce.residual_matrix``)."""
         raise NotImplementedError(f"{cls.__name__} cannot run its P workers in one process")
 
     def _validate(self, grad: Tensor) -> None:

@@ -12,7 +12,6 @@ from gtopk.host import Clock
 from gtopk.reducers import reference
 from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
-from gtopk.reducers.inprocess import gtopk_group
 from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.schedules import Payload, recursive_doubling, recursive_doubling_owned, tree_broadcast, tree_reduce
 from gtopk.reducers.selection import k_for
@@ -178,5 +177,7 @@ class GTopKReducer(SparseReducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``gtopk.reducers.inprocess.gtopk_group``."""
+        """Local: ``gtopk.simulated.reduce.gtopk_group``."""
+        from gtopk.simulated.reduce import gtopk_group  # here: that module imports this package
+
         return gtopk_group(workers, grads, accumulated)

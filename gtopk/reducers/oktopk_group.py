@@ -17,11 +17,11 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
-from gtopk.reducers.inprocess import _residual_rows
 from gtopk.reducers.oktopk_cost import rank_traffic
 from gtopk.reducers.oktopk_regions import boundaries, passing, quantiles, select_global, split, threshold_of
 from gtopk.reducers.selection import k_for, topk_indices
 from gtopk.reducers.sparse import member_mask
+from gtopk.simulated.reduce import residual_rows
 
 
 def _counts(sel: Tensor, bounds: Tensor) -> list[int]:
@@ -31,14 +31,14 @@ def _counts(sel: Tensor, bounds: Tensor) -> list[int]:
 
 def oktopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
     """Ok-Topk over P ranks' gradients in one process. ``accumulated``: the gradients are
-    already in the ranks' residuals, held as one matrix (``inprocess.residual_matrix``)."""
+    already in the ranks' residuals, held as one matrix (``gtopk.simulated.reduce.residual_matrix``)."""
     P, m, w0 = len(grads), grads[0].numel(), workers[0]
     clock = Clock(grads[0].device)
     k = k_for(w0.density, m)
     exact, new_regions = w0.exact_step(k), w0.boundary_step()
     recs = [ReduceRecord() for _ in workers]
     t0 = clock()
-    acc = _residual_rows(workers, grads, accumulated)  # [P, m]: row i is rank i's residual buffer
+    acc = residual_rows(workers, grads, accumulated)  # [P, m]: row i is rank i's residual buffer
     if exact:  # ``Selector.pick_rows``: row i is what rank i's ``select_local`` selects
         picks = w0.selector.pick_rows(acc, k)
         sels = [picks.own(i) for i in range(P)]

@@ -10,7 +10,6 @@ from gtopk.host import Clock
 from gtopk.reducers import reference
 from gtopk.reducers.base import ReduceRecord, SparseReducer
 from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
-from gtopk.reducers.inprocess import topk_group
 from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.selection import k_for
 from gtopk.reducers.selector import Selector
@@ -109,5 +108,7 @@ class TopKReducer(SparseReducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``gtopk.reducers.inprocess.topk_group``."""
+        """Local: ``gtopk.simulated.reduce.topk_group``."""
+        from gtopk.simulated.reduce import topk_group  # here: that module imports this package
+
         return topk_group(workers, grads, accumulated)

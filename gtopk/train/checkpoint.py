@@ -21,7 +21,7 @@ job stops, naming them (no generation to fall back to existed then).
 
 Everything is read with ``torch.load(..., weights_only=True)``. Nothing here is collective:
 ``gtopk.train.state.Checkpoints`` coordinates the ranks of a distributed job, the simulated
-cluster (``gtopk.train.virtual``) does all P ranks itself. ``KILL_HOOK`` (tests only) makes
+cluster (``gtopk.simulated.ranks``) does all P ranks itself. ``KILL_HOOK`` (tests only) makes
 the process SIGKILL itself right after writing one rank's file of one epoch.
 
 Not ``torch.distributed.checkpoint``: it too writes its metadata last, but it takes a key

@@ -60,12 +60,14 @@ class EpochTimer:
     one more epoch and returns its (steps, evaluation) seconds."""
 
     def __init__(self, P: int, mode: str, chunk: int | None, image_size: int, run_dir: Path):
+        from gtopk.simulated.ranks import SimulatedRanks
+        from gtopk.simulated.worker import SimulatedWorker
         from gtopk.train.recipe import DensitySchedule, LRSchedule
-        from gtopk.train.virtual import SimulatedWorker
         from tests.config import compose_config
 
         self.cfg = cfg = compose_config(settings(P, mode, chunk, image_size))
         self.w = SimulatedWorker(P, cfg, run_dir, torch.device("cpu"))
+        self.ranks = SimulatedRanks(self.w)
         if mode != "auto":
             assert (self.w.batched is not None) == (mode == "batched")
         self.mode = "batched" if self.w.batched is not None else "exact"
@@ -86,13 +88,12 @@ class EpochTimer:
             w.step([s.__next__ for s in streams], self.lr_at(epoch, it, self.per_epoch))
         t1 = time.perf_counter()
         if evaluate:
-            w.evaluate()
+            self.ranks.evaluate()
         self.epochs += 1
         return t1 - t0, time.perf_counter() - t1
 
     def close(self) -> None:
-        for vr in self.w.ranks:
-            vr.iters.close()
+        self.ranks.close()
 
 
 def timed(

@@ -1,6 +1,6 @@
 """One small training run with a DDP hook baseline, twice: on P real processes (DDP with
 torch's hook inside ``baselines``' timing hook, gloo) and on P virtual ranks of this process
-(``reduce_group``: torch's hook on ``baselines.inprocess``'s buckets and group).
+(``reduce_group``: torch's hook on ``gtopk.simulated.hooks``'s buckets and group).
 
 A convolution, two linear layers and their biases (PowerSGD compresses the convolution and
 the hidden linear layer's weights and sends the rest as they are), no batch norm, in float64

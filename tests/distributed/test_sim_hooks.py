@@ -25,8 +25,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.inprocess import VirtualGroup
 from gtopk.run.spawn import spawn
+from gtopk.simulated.hooks import VirtualGroup
 from tests.distributed.sim_hooks_training import Setting, real_run, simulated_run
 
 SETTINGS = [

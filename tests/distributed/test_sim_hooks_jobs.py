@@ -27,8 +27,8 @@ from gtopk.records.rundir import RunDir, read_jsonl
 from gtopk.run.group import WorkerGroup
 from gtopk.run.spawn import spawn
 from gtopk.run.world import WorkerError
+from gtopk.simulated.ranks import run_simulated
 from gtopk.train.loop import run_worker
-from gtopk.train.simulated import run_simulated
 from tests.config import compose_config
 
 REDUCERS = ("ddp_fp16", "powersgd")

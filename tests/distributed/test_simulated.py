@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 
 from gtopk.records.rundir import RunDir, read_jsonl
 from gtopk.run.group import WorkerGroup
+from gtopk.simulated.ranks import run_simulated
 from gtopk.train.loop import run_worker
-from gtopk.train.simulated import run_simulated
 from tests.config import compose_config
 
 SETTINGS = {

@@ -1,5 +1,5 @@
 """The batched simulation on a GPU (``make test-gpu``; skipped, with its reason, without
-one): both engines of ``cluster.batched`` (``gtopk.train.rankpass``'s one pass, vmap) give
+one): both engines of ``cluster.batched`` (``gtopk.simulated.rankpass``'s one pass, vmap) give
 each rank its own gradient and BatchNorm statistics on CUDA, as autograd one rank at a time
 does, in float64 (cuDNN's TF32 does not apply). ``make test`` checks the same on the CPU
 (``tests/unit/test_batched.py``); what only this tier shows is that the grouped weight
@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from gtopk.train.batched import BatchedGradients
+from gtopk.simulated.batched import BatchedGradients
 from gtopk.train.models import ResNet20
 from tests.unit.test_batched import Mixed, one_by_one, rel
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from gtopk.perf import netbench
-from gtopk.train.loop import Worker, run_worker
+from gtopk.train.loop import run_worker
+from gtopk.train.worker import Worker
 
 
 def timed_job(rank: int, world: int, cfg: dict, run_dir: str) -> dict:

@@ -1,5 +1,5 @@
 """``cluster.batched``: the P virtual ranks' gradients in one vectorised pass
-(``gtopk.train.batched``) against the exact mode (one rank after another).
+(``gtopk.simulated.batched``) against the exact mode (one rank after another).
 
 Tolerances: one step's per-rank gradients agree to 1e-10 relative (L2, per rank) in
 float64 and 1e-5 in float32; each rank's BatchNorm running statistics agree to the same;
@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gtopk.train.batched import BatchedGradients, has_randomness, use_batched
+from gtopk.simulated.batched import BatchedGradients, has_randomness, use_batched
+from gtopk.simulated.ranks import SimulatedRanks
+from gtopk.simulated.worker import SimulatedWorker
 from gtopk.train.models import ResNet20
-from gtopk.train.virtual import SimulatedWorker
 from tests.procs import FAST
 
 
@@ -75,7 +76,7 @@ class Mixed(nn.Module):
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 def test_one_pass_gives_each_rank_its_own_gradient_and_bn_statistics(dtype, tol, net, fast):
     """P = 5 ranks in chunks of 2 (passes of 2, 2, 1), 3 images per rank, 2 micro-batches,
-    both engines (``gtopk.train.rankpass``'s one plain pass and vmap over grad)."""
+    both engines (``gtopk.simulated.rankpass``'s one plain pass and vmap over grad)."""
     torch.manual_seed(0)
     model = (ResNet20(blocks_per_stage=1) if net is ResNet20 else net()).to(dtype).train()
     if net is Mixed and not fast:
@@ -148,7 +149,7 @@ def test_both_modes_draw_the_same_shards_and_rng_streams_and_agree_on_one_step(c
 
         fetches = [fetcher(seen[vr.rank], vr.groups(0)) for vr in w.ranks]
         rows = w.step(fetches, lr=0.1)
-        runs[batched] = (w, seen, rows, w.evaluate())
+        runs[batched] = (w, seen, rows, SimulatedRanks(w).evaluate())
     (exact, seen_e, rows_e, test_e), (fast, seen_b, rows_b, test_b) = runs[False], runs[True]
     assert test_b == pytest.approx(test_e, rel=1e-5)
     for i, (a, b) in enumerate(zip(exact.ranks, fast.ranks)):
@@ -244,7 +245,7 @@ def test_the_one_pass_engine_takes_only_models_whose_layers_it_knows():
     or reflecting, a batch norm without running statistics) leave the model to vmap."""
     from torchvision.models import resnet50
 
-    from gtopk.train.rankpass import supports
+    from gtopk.simulated.rankpass import supports
 
     assert supports(ResNet20()) and supports(Mixed()) and supports(resnet50(weights=None))
     for bad in (

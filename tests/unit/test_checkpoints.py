@@ -1,5 +1,5 @@
 """Checkpoint generations (``gtopk.train.checkpoint``), in-process: the simulated cluster's
-save and resume (``SimulatedWorker.save``/``load``: P = 3 virtual ranks after a real step,
+save and resume (``SimulatedRanks.save``/``load``: P = 3 virtual ranks after a real step,
 so its files hold real optimiser, residual, BN and RNG states) and the distributed
 ``Checkpoints`` on a one-process gloo group. Two complete generations are kept; a
 generation without its manifest (a kill between two ranks' files) is ignored and removed;
@@ -21,9 +21,10 @@ from torch import nn
 
 from baselines.powersgd_state import rng_to_tensors
 from gtopk.records.rundir import RunDir
+from gtopk.simulated.ranks import SimulatedRanks
+from gtopk.simulated.worker import SimulatedWorker
 from gtopk.train.checkpoint import Store, check_settings, load_file, saved_generation
 from gtopk.train.state import Checkpoints, snapshot
-from gtopk.train.virtual import SimulatedWorker
 
 P = 3
 
@@ -31,7 +32,7 @@ P = 3
 _CFG: dict = {}
 
 
-def simulated(compose, run_dir, fingerprint: str | None = "fp-A", step: bool = False) -> SimulatedWorker:
+def simulated(compose, run_dir, fingerprint: str | None = "fp-A", step: bool = False) -> SimulatedRanks:
     """P = 3 virtual ranks of a tiny gTop-k job (``step``: after one step, so that momentum,
     residuals, BN statistics and RNG states are all set)."""
     if not _CFG:
@@ -58,7 +59,7 @@ def simulated(compose, run_dir, fingerprint: str | None = "fp-A", step: bool = F
     if step:
         streams = [vr.groups(0) for vr in w.ranks]
         w.step([s.__next__ for s in streams], 0.1)
-    return w
+    return SimulatedRanks(w)
 
 
 def metrics(epoch: int) -> dict:
@@ -92,11 +93,11 @@ def test_two_generations_are_kept_and_resume_takes_the_newest(saved, compose, tm
         assert state["reducer"]["residual"] is not None and state["metrics"] == metrics(2)
     again = simulated(compose, tmp_path / "run")
     assert again.load() == (3, metrics(2))
-    for vr_a, vr_b in zip(saved.ranks, again.ranks):  # each rank's own residual, BN statistics and RNG state
+    for vr_a, vr_b in zip(saved.w.ranks, again.w.ranks):  # each rank's own residual, BN statistics and RNG state
         assert torch.equal(vr_a.reducer.state_dict()["residual"], vr_b.reducer.state_dict()["residual"])
         assert all(torch.equal(a, b) for a, b in zip(vr_a.buffers, vr_b.buffers))
         assert torch.equal(vr_a.rng["cpu"], vr_b.rng["cpu"])
-    assert all(torch.equal(a, b) for a, b in zip(saved.model.parameters(), again.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(saved.w.model.parameters(), again.w.model.parameters()))
     again.save(3, metrics(3))
     assert generations(run) == [2, 3]
 
@@ -104,8 +105,9 @@ def test_two_generations_are_kept_and_resume_takes_the_newest(saved, compose, tm
 def test_a_generation_without_manifest_is_ignored_and_removed(saved, compose, tmp_path):
     """A kill between two ranks' files of epoch 3: rank 0's file is there, no manifest."""
     run = RunDir(tmp_path / "run")
-    with saved.active(saved.ranks[0]):
-        state = snapshot(saved.model, saved.opt, saved.ranks[0].reducer, 3, metrics(3), saved.device)
+    w = saved.w
+    with w.active(w.ranks[0]):
+        state = snapshot(w.model, w.opt, w.ranks[0].reducer, 3, metrics(3), w.device)
     Store(run, P).write(3, 0, state)
     assert run.checkpoint(0, 3).exists() and not run.checkpoint_manifest(3).exists()
     assert saved_generation(run.path)["epoch"] == 2
@@ -155,7 +157,7 @@ def test_a_job_without_fingerprint_stores_none(compose, tmp_path):
 
 
 def test_files_of_the_layout_before_generations_resume_when_their_epochs_agree(compose, tmp_path):
-    w = simulated(compose, tmp_path / "run", step=True)
+    w = simulated(compose, tmp_path / "run", step=True).w
     run = RunDir(tmp_path / "run")
     run.checkpoints.mkdir()
     for vr in w.ranks:  # as the old Checkpoints.write did: one file per rank, rewritten each epoch
@@ -177,7 +179,7 @@ def test_files_of_the_layout_before_generations_resume_when_their_epochs_agree(c
 
 
 def test_files_of_the_old_layout_at_different_epochs_are_refused(compose, tmp_path):
-    w = simulated(compose, tmp_path / "run")
+    w = simulated(compose, tmp_path / "run").w
     run = RunDir(tmp_path / "run")
     run.checkpoints.mkdir()
     for vr in w.ranks:

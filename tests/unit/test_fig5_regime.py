@@ -170,7 +170,7 @@ def test_a_simulated_runs_overheads_are_its_shared_step_not_the_other_ranks_grad
     of the step is the recorded t_update (aggregation and SGD step), not t_iter less one
     rank's parts (0.16 s more); a real rank's rest is what its t_iter leaves."""
     from analysis.training import SIMULATED_BACKEND, own_overheads
-    from gtopk.train.simulated import BACKEND
+    from gtopk.simulated.ranks import BACKEND
 
     assert SIMULATED_BACKEND == BACKEND
     step = {"t_data": 0.001, "t_compute": 0.05, "t_compr": 0.002, "t_commu": 0.0}

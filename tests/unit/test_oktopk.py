@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 from gtopk.reducers.costmodel import Network
-from gtopk.reducers.inprocess import residual_matrix
 from gtopk.reducers.oktopk import OkTopKReducer
 from gtopk.reducers.oktopk_cost import (
     entry_bytes,
@@ -25,6 +24,7 @@ from gtopk.reducers.oktopk_reference import OkTopKSpec
 from gtopk.reducers.oktopk_regions import balance_plan, boundaries, pad, quantiles, select_local
 from gtopk.reducers.selection import k_for
 from gtopk.reducers.selector import Selector
+from gtopk.simulated.reduce import residual_matrix
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The in-process parts of the simulated hook baselines (``baselines.inprocess``), without
+"""The in-process parts of the simulated hook baselines (``gtopk.simulated.hooks``), without
 processes: the all-reduce of P virtual ranks, DDP's bucket layouts, the PowerSGD state of
 every rank through a checkpoint, and what a job may ask for. (Against torch's hooks in
 real DDP: tests/distributed/test_sim_hooks.py.)"""
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-from baselines.inprocess import HookBucket, InProcessAllReduce, VirtualGroup, ddp_layouts, ready_order
+from gtopk.simulated.hooks import HookBucket, InProcessAllReduce, VirtualGroup, ddp_layouts, ready_order
 from gtopk.train.models import ResNet20
 from tests.distributed.sim_hooks_training import Setting, model, reducer, simulated_run
 from tests.procs import FAST

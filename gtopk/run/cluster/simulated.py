@@ -2,15 +2,16 @@
 
 The job starts ONE worker process (through the same runner, watchdog and records as P
 real ranks) with the intra-op thread count a real rank of the job would get, and that
-process trains all P ranks (``gtopk.train.simulated``). There is no network, so only
+process trains all P ranks (``gtopk.simulated.ranks.run_simulated``: the one training loop,
+``gtopk.train.loop``, over P virtual ranks). There is no network, so only
 ``mode=train`` runs here; benchmarks (and ``gtopk.perf.netbench``) are refused before
 anything starts, as are reducers that need real processes (DDP; its hook baselines
-``ddp_fp16`` and ``powersgd`` run here, torch's hooks on P virtual ranks: ``baselines.inprocess``).
+``ddp_fp16`` and ``powersgd`` run here, torch's hooks on P virtual ranks: ``gtopk.simulated.hooks``).
 
 ``batched`` (``auto`` | true | false): compute the P gradients in one vectorised pass per
-``chunk`` ranks (``gtopk.train.batched``) or one after another (false: the exact mode,
+``chunk`` ranks (``gtopk.simulated.batched``) or one after another (false: the exact mode,
 bit-identical to ``cluster=local``); ``auto`` batches where that is faster
-(``gtopk.train.batched.use_batched``). ``chunk``: ranks per pass (null: all P at once).
+(``gtopk.simulated.batched.use_batched``). ``chunk``: ranks per pass (null: all P at once).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class SimulatedCluster(Cluster):
         return 1
 
     def entry(self) -> Callable:
-        from gtopk.train.simulated import run_simulated
+        from gtopk.simulated.ranks import run_simulated
 
         return run_simulated
 
@@ -99,7 +100,7 @@ class SimulatedCluster(Cluster):
         if self.batched is True:
             import torch
 
-            from gtopk.train.batched import has_randomness
+            from gtopk.simulated.batched import has_randomness
 
             with torch.device("meta"):
                 net = instantiate(cfg.model.net)

@@ -1,6 +1,8 @@
 """P ranks' ``reduce`` computed in one process (``cluster=simulated``); all local.
 
-``Reducer.reduce_group(workers, grads)`` calls these: ``workers[i]`` is rank i's reducer
+``Reducer.reduce_group(workers, grads)`` of dense, Top-k and gTop-k calls these (Ok-Topk's
+is ``gtopk.reducers.oktopk_group``, on ``residual_rows``; the hook baselines' is
+``gtopk.simulated.hooks``): ``workers[i]`` is rank i's reducer
 (settings, error-feedback residual, ``diagnostics``) and ``grads[i]`` its flat gradient.
 They return the update every rank's ``reduce`` returns and each rank's ``ReduceRecord``,
 and leave each worker's residual as that rank's ``reduce`` leaves it.
@@ -60,11 +62,11 @@ def _select(
 ) -> tuple[Tensor, Picks]:
     """Each rank's accumulated vector (its residual buffer, ``acc = residual + grad`` as
     ``ErrorFeedback.accumulate`` computes it) and message, for all ranks at once: the
-    residuals are the rows of one [P, m] matrix (``_residual_rows``), returned, and the
+    residuals are the rows of one [P, m] matrix (``residual_rows``), returned, and the
     messages are ``Selector.pick_rows`` over it ([P, k] each: ``topk_rows`` for
     ``selection=exact``). Each rank's ``t_compr`` gets an equal share of the time."""
     t0 = _now(grads[0])
-    acc = _residual_rows(workers, grads, accumulated)
+    acc = residual_rows(workers, grads, accumulated)
     picks = workers[0].selector.pick_rows(acc, k)
     share = (_now(grads[0]) - t0) / len(workers)
     for rec, n in zip(recs, picks.counts()):
@@ -90,7 +92,7 @@ def residual_matrix(workers: list) -> Tensor | None:
     return _rows_of([f.residual for f in feedbacks])
 
 
-def _residual_rows(workers: list, grads: list[Tensor], accumulated: bool = False) -> Tensor:
+def residual_rows(workers: list, grads: list[Tensor], accumulated: bool = False) -> Tensor:
     """``acc``: every rank's ``feedback.accumulate(grads[i])`` (residual + gradient, into the
     residual buffer), with the residuals made the rows of one [P, m] matrix first (once:
     a restored checkpoint's separate tensors are copied in again). Returns that matrix.
@@ -165,7 +167,7 @@ def dense_group(workers: list, grads: list[Tensor], accumulated: bool = False) -
 def topk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
     """Top-k: every rank's k entries scatter-added in rank order, / P (``reselect``: the k
     largest of the sum; each rank puts back its selected values outside them).
-    ``accumulated``: as ``_residual_rows``."""
+    ``accumulated``: as ``residual_rows``."""
     P, m = len(grads), grads[0].numel()
     k = k_for(workers[0].density, m)
     recs = [ReduceRecord() for _ in workers]
@@ -198,7 +200,7 @@ def topk_group(workers: list, grads: list[Tensor], accumulated: bool = False) ->
 def gtopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
     """gTop-k: the ranks' k-entry sets merged along ``algorithm``'s schedule; ``putback``
     index (the paper's rule) or exact (the ranks' acc summed at the final indices by
-    recursive doubling). ``accumulated``: as ``_residual_rows``."""
+    recursive doubling). ``accumulated``: as ``residual_rows``."""
     P, m = len(grads), grads[0].numel()
     w0 = workers[0]
     k = k_for(w0.density, m)

@@ -1,6 +1,6 @@
 """Per-rank gradients of R ranks from ONE ordinary forward and backward pass.
 
-The fast engine of ``cluster.batched`` (``gtopk.train.batched.BatchedGradients``) for
+The fast engine of ``cluster.batched`` (``gtopk.simulated.batched.BatchedGradients``) for
 models built from ``nn.Conv2d``, ``nn.Linear`` and ``nn.BatchNorm2d`` (``supports``):
 the R ranks' batches are interleaved image by image into one batch (image j of rank r at
 row ``j * R + r``), so that

@@ -4,7 +4,7 @@
 mode: bit-identical to ``cluster=local``) or, here, in one pass per chunk of ranks, by one
 of two engines:
 
-* the one-pass engine (``gtopk.train.rankpass``), for models built from convolutions,
+* the one-pass engine (``gtopk.simulated.rankpass``), for models built from convolutions,
   linear layers and batch norms (``rankpass.supports``: the project's four models but
   AlexNet, which has dropout): the chunk's images interleaved into one ordinary forward
   and backward pass, each rank's batch norm statistics as channels of one batch norm
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from gtopk.train.rankpass import RankPass, supports
+from gtopk.simulated.rankpass import RankPass, supports
 
 #: modules whose forward pass draws random numbers (the batched pass cannot keep the ranks' streams)
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -72,7 +72,7 @@ class BatchedGradients:
         self.grads = torch.zeros(world, self.m, dtype=first.dtype, device=first.device)
         self._pass = vmap(grad_and_value(self._loss, has_aux=True), in_dims=(None, 0, 0, 0, None), randomness="error")
         self._eval = vmap(self._scores, in_dims=(None, 0, 0, 0), randomness="error")
-        #: the one-pass engine (``gtopk.train.rankpass``) where the model allows it, else vmap
+        #: the one-pass engine (``gtopk.simulated.rankpass``) where the model allows it, else vmap
         self.fast = RankPass(model, self.buffers) if fast and supports(model) else None
 
     def _grads(self, a: int, e: int, x: Tensor, y: Tensor, scale: float) -> tuple[list[Tensor], Tensor]:

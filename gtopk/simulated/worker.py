@@ -1,9 +1,10 @@
-"""P virtual workers in one process: what each real rank holds, and one step of all of them.
+"""P virtual ranks in one process: what each real rank holds, and one step of all of them.
 
-``cluster=simulated`` (``gtopk.train.simulated``) runs a training job's P ranks in one
-process. The parameters, the optimiser (and its momentum) and the compute are shared:
-every real rank holds identical copies of them and applies the same update. What differs
-between real ranks is kept per ``VirtualRank``:
+``cluster=simulated`` runs a training job's P ranks in one process (the driver:
+``gtopk.train.loop``, through ``gtopk.simulated.ranks.SimulatedRanks``). The parameters,
+the optimiser (and its momentum) and the compute are shared: every real rank holds
+identical copies of them and applies the same update (``gtopk.train.worker.Replica``).
+What differs between real ranks is kept per ``VirtualRank``:
 
 * its shard of the data: the same ``DistributedSampler`` partition (num_replicas=P,
   rank=i) through the same loaders (``build_loader``), read in this process (as
@@ -14,14 +15,17 @@ between real ranks is kept per ``VirtualRank``:
 * its BatchNorm running statistics (swapped in the same way; rank i's forward passes
   update rank i's, evaluation uses each rank's own on its own test shard, as
   ``Worker.evaluate`` does before its all_reduce);
-* its reducer: error-feedback residual and records (``Reducer.reduce_group``); the hook
-  baselines' torch hook state, in an in-process group (``baselines.inprocess``);
-* its records: ``iters.rank<i>.jsonl`` and checkpoint file, in the distributed format.
+* its reducer: error-feedback residual and records (``Reducer.reduce_group``:
+  ``gtopk.simulated.reduce``); the hook baselines' torch hook state, in an in-process
+  group (``gtopk.simulated.hooks``);
+* its records: ``iters.rank<i>.jsonl`` (``RankRows``) and checkpoint file, in the
+  distributed format.
 
 A step computes the P gradients one after another (the exact mode) or, with
-``cluster.batched`` (``gtopk.train.batched``), in one vectorised pass per chunk of ranks:
-each rank's batch is still fetched under its own RNG state, and its BatchNorm statistics
-are then its slice of one stacked buffer (``VirtualRank.buffers`` are views into it).
+``cluster.batched`` (``gtopk.simulated.batched``), in one vectorised pass per chunk of
+ranks: each rank's batch is still fetched under its own RNG state, and its BatchNorm
+statistics are then its slice of one stacked buffer (``VirtualRank.buffers`` are views
+into it). Each rank's row is ``gtopk.train.rows.step_row``'s, as a real rank's.
 
 Nothing here is collective: the process needs no process group.
 """
@@ -34,28 +38,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from gtopk.host import Clock, heartbeat
-from gtopk.records.rundir import JsonLines, RunDir
+from gtopk.host import heartbeat
+from gtopk.records.rundir import RunDir
 from gtopk.reducers.base import ReduceRecord
-from gtopk.reducers.inprocess import residual_matrix
+from gtopk.simulated.batched import BatchedGradients, use_batched
+from gtopk.simulated.reduce import residual_matrix
 from gtopk.train.backward import Backward
-from gtopk.train.batched import BatchedGradients, use_batched
 from gtopk.train.checkpoint import Store
 from gtopk.train.data import build_loader
 from gtopk.train.faults import ON_GRADIENT, FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite
-from gtopk.train.flatgrad import flat_grads, views_intact
-from gtopk.train.loop import Worker
-from gtopk.train.state import restore, rng_state, set_rng_state, snapshot
+from gtopk.train.flatgrad import views_intact
+from gtopk.train.rows import RankRows, step_row
+from gtopk.train.state import rng_state, set_rng_state
+from gtopk.train.worker import Replica, micro_batches
 
 
 class VirtualRank:
     """Rank ``rank``'s own state (see the module docstring)."""
-
-    groups = Worker.groups  # this epoch's stream of micro-batch lists, as a real rank's
 
     def __init__(self, rank: int, world: int, cfg: DictConfig, run_dir: Path, sets, buffers, rng: dict):
         self.rank, self.cfg = rank, cfg
@@ -67,16 +69,17 @@ class VirtualRank:
         self.buffers = [b.detach().clone() for b in buffers]
         self.rng = rng
         self.grad: torch.Tensor | None = None  # this step's flat gradient
-        self.iters = JsonLines(RunDir(run_dir).iters(rank))
-        self.rows: list[dict] = []
+        self.records = RankRows(run_dir, rank)
         self.faults = FaultInjector(FaultSpec.from_cfg(cfg.get("fault")), rank)
         self.guard = NonFiniteGuard(cfg.get("nonfinite", "stop"), rank, world)
 
+    def groups(self, epoch: int | None) -> Iterator[list]:
+        """This epoch's stream of micro-batch lists (``None``: endless), as a real rank's."""
+        return micro_batches(self.train_loader, self.sampler, epoch, self.cfg.grad_accum)
 
-class SimulatedWorker:
+
+class SimulatedWorker(Replica):
     """The shared model, optimiser and compute, and the P ``VirtualRank`` s."""
-
-    apply = Worker.apply  # the same SGD step (update into the gradients, then opt.step)
 
     def __init__(self, world: int, cfg: DictConfig, run_dir: Path, device: torch.device):
         self.rank, self.world, self.cfg, self.run_dir, self.device = 0, world, cfg, run_dir, device
@@ -84,17 +87,7 @@ class SimulatedWorker:
         self.model = instantiate(cfg.model.net).to(device)
         self.net = self.model
         self.backward = Backward()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.m = sum(p.numel() for p in self.params)
-        self.flat = flat_grads(self.params, device)
-        self.opt = torch.optim.SGD(
-            self.params,
-            lr=cfg.model.lr,
-            momentum=cfg.model.momentum,
-            weight_decay=cfg.model.weight_decay,
-            fused=True if device.type in ("cpu", "cuda") else None,
-        )
-        self.clock = Clock(device)
+        self.replicate(cfg, device)  # params, m, flat, opt (fused SGD), clock: as a real rank's
         self.compute = instantiate(cfg.compute)
         self.compute.prepare(self)
         data = instantiate(cfg.data)
@@ -106,7 +99,7 @@ class SimulatedWorker:
         prepare = getattr(type(self.reducer), "prepare_group", None)  # the hook baselines: DDP's buckets
         if prepare is not None:
             prepare([vr.reducer for vr in self.ranks], self.model, data.sample_shape() or tuple(sets[0][0][0].shape))
-        self.store = Store(RunDir(run_dir), world)  # checkpoint generations (gtopk.train.checkpoint)
+        self.store = Store(RunDir(run_dir), world)  # checkpoint generations (SimulatedRanks.save, .load)
         self.batched: BatchedGradients | None = None
         self.accumulated = False  # this step's gradients went straight into the residuals
         setting = cfg.cluster.get("batched", False)
@@ -228,87 +221,21 @@ class SimulatedWorker:
                 self.apply(update, lr)
         t4 = clock()
         shared = t4 - t2 - sum(rec.t_compr for rec in recs)  # aggregating (not one rank's) + SGD step
-        for vr, row, rec in zip(self.ranks, rows, recs):
-            row.update(
-                t_compr=rec.t_compr,
-                t_commu=0.0,  # nothing is sent: the traffic below is what the ranks would send
+        return [
+            step_row(
+                rec,
+                t_data=row["t_data"],
+                t_compute=row["t_compute"],
+                t_commu=0.0,  # nothing is sent: the traffic in rec is what the ranks would send
                 t_commu_backward=0.0,
-                t_merge=rec.t_merge,  # merges this rank makes (part of t_update here)
-                t_update=shared,
+                t_update=shared,  # t_merge (rec): the merges this rank makes, part of t_update here
                 t_iter=t4 - t0,
-                nonfinite_ranks=bad,
-                nonfinite=vr.guard.action(bad),
+                t_check=row["t_check"],
+                bad=bad,
+                action=vr.guard.action(bad),
+                loss=row["loss"],
                 lr=lr,
                 density=vr.reducer.density,
-                bytes_sent=rec.bytes_sent,
-                bytes_recv=rec.bytes_recv,
-                messages_sent=rec.messages_sent,
-                selected=rec.selected,
-                update_nnz=rec.update_nnz,
-                residual_norm=rec.residual_norm,
-                lost_l1=rec.lost_l1,
-                payload_bytes=rec.payload_bytes,
             )
-        return rows
-
-    @torch.no_grad()
-    def evaluate(self) -> dict:
-        """Test loss and top-1 over all ranks' test shards, each rank with its own BN
-        statistics (``Worker.evaluate``, its all_reduce a sum in rank order here; batched:
-        all ranks' j-th test batches in one pass, each rank's loader started under its RNG)."""
-        if self.batched is not None:
-            return self.batched_evaluate()
-        sums = torch.zeros(3, dtype=torch.float64)
-        for vr in self.ranks:
-            with self.active(vr):
-                self.model.eval()
-                for x, y in vr.test_loader:
-                    x, y = x.to(self.device), y.to(self.device)
-                    out = self.model(x)
-                    loss = F.cross_entropy(out, y, reduction="sum").item()
-                    sums += torch.tensor([loss, (out.argmax(1) == y).sum().item(), y.numel()], dtype=torch.float64)
-                    heartbeat()
-                self.model.train()
-        return {"test_loss": (sums[0] / sums[2]).item(), "test_top1": (sums[1] / sums[2]).item()}
-
-    def batched_evaluate(self) -> dict:
-        streams = []
-        for vr in self.ranks:
-            with self.drawing(vr):
-                streams.append(iter(vr.test_loader))
-        loss = correct = count = 0.0
-        for batches in zip(*streams):  # every rank's shard has as many batches, of one size each
-            batches = [(x.to(self.device), y.to(self.device)) for x, y in batches]
-            sums = self.batched.evaluate(batches)
-            loss, correct = loss + sums[0].sum().item(), correct + sums[1].sum().item()
-            count += sum(y.numel() for _, y in batches)
-            heartbeat()
-        return {"test_loss": loss / count, "test_top1": correct / count}
-
-    def save(self, epoch: int, metrics: dict) -> None:
-        """Generation ``epoch`` (``Store.save_all``): every rank's file in the distributed
-        format (its own BN statistics, residual and RNG state), then the manifest."""
-
-        def states() -> Iterator[dict]:
-            for vr in self.ranks:
-                with self.active(vr):
-                    state = snapshot(self.model, self.opt, vr.reducer, epoch, metrics, self.device)
-                yield state
-
-        self.store.save_all(epoch, states(), self.cfg.get("fingerprint"))
-
-    def load(self) -> tuple[int, dict | None]:
-        """Resume from the newest generation intact on every rank (``Store.load_all``):
-        (next epoch, its metrics), or (0, None)."""
-        chosen, states = self.store.load_all(self.cfg.get("fingerprint"), self.device)
-        if chosen is None:
-            return 0, None
-        for rank, state in enumerate(states):
-            if not all(torch.equal(state["model"][n], states[0]["model"][n]) for n, _ in self.model.named_parameters()):
-                raise RuntimeError(
-                    f"rank {rank}'s checkpoint of epoch {chosen['epoch']} holds other weights than rank 0's"
-                )
-        for vr, state in zip(self.ranks, states):
-            with self.active(vr):
-                restore(self.model, self.opt, vr.reducer, state, self.device)
-        return chosen["epoch"] + 1, states[0].get("metrics")
+            for vr, row, rec in zip(self.ranks, rows, recs)
+        ]
