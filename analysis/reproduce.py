@@ -1,56 +1,20 @@
 """The ``make reproduce-*`` targets: run the experiments, then the analysis scripts.
 
-    python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [--variants K=V,...] [HYDRA OVERRIDES...]
     python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
     python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
     python -m analysis.reproduce scale [HYDRA OVERRIDES...]
 
-Scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share one set of
-runs, ``runs/fig6_reproduce/`` by default (finished jobs are skipped, so running them one
-after another measures once):
+* scaling targets (fig6, table4, breakdown; ``scaling`` makes all three) share the runs of
+  ``runs/fig6_reproduce/``: the cluster (``pick_cluster``: emulated where it can be built,
+  else loopback with a warning), the netbench calibration once per cluster setting
+  (``calibrate``), ``run.py -m experiment=fig6_reproduce`` and each ``--variants`` sweep
+  (``variant_sweeps``), the analysis scripts with the calibrated profile, the wandb export;
+* fig5 trains the plan of ``fig5_plan`` (digits or Fashion-MNIST, quick or ``--full``);
+* validate runs ``experiment=model_validation`` and ``analysis.payoff.validate``;
+* scale analyses the runs of ``experiment=fig5_scale`` as they stand.
 
-1. the cluster: ``cluster=emulated`` (1 Gbit/s shaped namespaces) where root and
-   ``ip``/``tc`` are available, else ``cluster=local`` (loopback) with a warning; a
-   ``cluster=`` override wins;
-2. ``gtopk.perf.netbench`` ping-pong on that cluster, with the same cluster settings: the
-   calibrated alpha-beta profile, ``<runs>/net/<cluster settings>/profile.json``
-   (measured once per cluster setting);
-3. ``run.py -m experiment=fig6_reproduce`` (compute replayed from the p102 profile; its
-   sweep axes in ``conf/experiment/fig6_reproduce.yaml``: the paper's four models; dense,
-   Top-k, gTop-k, Ok-Topk and DDP; P = 1, 2, 4, 8, the jobs of one P in one group of
-   workers), any override replacing the axis of its key (``model=vgg16,resnet20,alexnet``);
-   then the same sweep of each ``--variants`` setting (none by default; ``selection=sampled``,
-   the sampled threshold: ``make reproduce-fig6 VARIANTS=selection=sampled``) over the
-   reducers whose yaml has it (``variant_sweeps``); a failed
-   job fails the target with the list of failed jobs (finished ones are kept, and a re-run
-   retries only the others);
-4. the analysis scripts with that profile (modelled extension to P = 16 and 32);
-5. ``analysis.wandb.export`` of the runs and the analysis folder: one offline wandb run per
-   job and one analysis run (``WANDB_MODE`` wins when set) (``make wandb-sync`` uploads them; ``docs/wandb.md``).
-
-fig5 trains (``run.py -m``) with P workers simulated in one process on the offline digits:
-quick (``experiment=fig5_quick``): dense, Top-k, gTop-k with both put-backs at rho = 0.001,
-P = 4 and 16, 45 epochs at 8 x 8; ``--full``: ``experiment=fig5_full`` (the same reducers at
-P = 4, 16, 32, the paper's 140 epochs, 32 x 32) and ``experiment=fig5_density`` (gTop-k at
-rho = 0.001, 0.0005, 0.0001). ``--data fashion`` (``make reproduce-fig5 DATA=fashion``) trains
-on Fashion-MNIST instead (Debian's dataset-fashion-mnist, docs/data.md): quick
-(``experiment=fig5_fashion_quick``: Top-k, gTop-k with both put-backs at rho = 0.001, 0.01,
-0.1, P = 4 and 16, then dense once per P, unless an override sets the reducer; then seeds 1
-and 2 of every reducer at rho = 0.001, P = 4 and 16; then ``experiment=fig5_fashion_baselines``:
-DDP-fp16 and PowerSGD through P = 4 real worker processes, seeds 0, 1 and 2), ``--full``:
-the paper's point (``experiment=fig5_fashion_paper``: P = 4, rho = 0.001, three seeds). Then
-``analysis.figures.fig5`` (curves, table, gap, gap against coverage) and the wandb export.
-
-validate (``make validate-model``) checks the performance model that ``make payoff`` uses
-where nothing was measured: the netbench step at each bandwidth of
-``conf/experiment/model_validation.yaml`` (emulated cluster only), ``run.py -m
-experiment=model_validation``, then ``analysis.payoff.validate`` (predicted against measured t_iter)
-and the wandb export, all in ``runs/model_validation/``.
-
-scale (the last step of ``make reproduce-scale``, whose recipe trains the grid) analyses the
-runs of ``experiment=fig5_scale`` as they stand: ``analysis.figures.scale`` (Fig. 5 per P, the
-table across P, the gap against coverage, the cells still missing), copied with its provenance
-to ``analysis/results/fig5_scale/``.
+What each step runs, its outputs and its time: docs/reproducing.md.
 """
 
 from __future__ import annotations
