@@ -40,15 +40,31 @@ from analysis.figures.curves import load_curves, table
 from analysis.figures.fig5 import plot_curves
 from analysis.figures.gapcov import MARKERS, gap_coverage
 from analysis.reducers import display, of_label, palette
+from analysis.training import reducer_label
 from gtopk.records.rundir import RunDir, run_dirs
 
 STEM = "fig5_scale"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _curve(label: str) -> str:
-    """The reducer setting of a curve label: ``gtopk_exact rho=0.001 P=16`` -> ``gtopk_exact``."""
-    return " ".join(w for w in str(label).split(" ") if not w.startswith(("rho=", "P=")))
+def _curve(label: str, rho: str | None = None) -> str:
+    """The reducer setting of a curve label: ``gtopk_exact rho=0.001 P=16`` -> ``gtopk_exact``;
+    its ``rho=`` kept where it is not ``rho`` (the grid's): ``oktopk rho=0.02``."""
+    words = str(label).split(" ")
+    return " ".join(w for w in words if not w.startswith("P=") and not (w.startswith("rho=") and w[4:] == rho))
+
+
+def _rho(label: str) -> str | None:
+    return next((w[4:] for w in str(label).split(" ") if w.startswith("rho=")), None)
+
+
+def _cell_setting(cfg: dict, grid_density: float | None) -> str:
+    """A cell's reducer setting: its label's reducer and settings (``reducer_label``), with
+    ``rho=`` where its density is not the grid's (``oktopk rho=0.02``), so that a variant of
+    a reducer is a cell of its own, not a duplicate of the plain one."""
+    setting = reducer_label(str(cfg["reducer_name"]), dict(cfg.get("reducer") or {}))
+    density = cfg.get("density")
+    return setting if density is None or density == grid_density else f"{setting} rho={density}"
 
 
 def cells(roots: Sequence[str | Path], nodes=(), reducers=(), seeds=()) -> pd.DataFrame:
@@ -56,11 +72,12 @@ def cells(roots: Sequence[str | Path], nodes=(), reducers=(), seeds=()) -> pd.Da
     missing) and ``run_dir``; the grid is ``nodes`` x ``reducers`` x ``seeds``, each
     defaulting to the values found, plus any cell found outside it."""
     found = {}
-    for d in run_dirs(roots):
-        if not d.config.exists():
-            continue
-        cfg = d.read_config()
-        key = (int(cfg["nodes"]), str(cfg["reducer_name"]), None if cfg.get("seed") is None else int(cfg["seed"]))
+    runs = [(d, d.read_config()) for d in run_dirs(roots) if d.config.exists()]
+    densities = pd.Series([cfg.get("density") for _, cfg in runs], dtype=object).dropna()
+    grid_density = densities.mode().iloc[0] if len(densities) else None  # the grid's: the commonest
+    for d, cfg in runs:
+        setting = _cell_setting(cfg, grid_density)
+        key = (int(cfg["nodes"]), setting, None if cfg.get("seed") is None else int(cfg["seed"]))
         state = "finished" if d.is_finished else "failed" if d.has_failed else "running" if d.epochs.exists() else ""
         if state and (key not in found or state == "finished"):
             found[key] = (state, str(d.path))
@@ -80,7 +97,9 @@ def scale_table(curves: pd.DataFrame, points: pd.DataFrame, relative: float = 0.
     reducer setting), ``reducer_display`` and the gap to dense over the seeds (``gap_mean``,
     ``gap_min``, ``gap_max``: top-1 fractions; empty for dense and where P has no dense run)."""
     tab = table(curves, relative)
-    tab.insert(tab.columns.get_loc("label") + 1, "curve", tab["label"].map(_curve))
+    rhos = tab["label"].map(_rho)
+    grid_rho = rhos.mode().iloc[0] if rhos.notna().any() else None  # the grid's rho: the commonest
+    tab.insert(tab.columns.get_loc("label") + 1, "curve", tab["label"].map(lambda lab: _curve(lab, grid_rho)))
     tab.insert(tab.columns.get_loc("curve") + 1, "reducer_display", tab["curve"].map(display))
     if not points.empty:
         ends = points[points["final"]].groupby(["nodes", "label"])["gap"].agg(["mean", "min", "max"])

@@ -112,3 +112,24 @@ def test_reproduce_scale_analyses_the_experiments_whole_grid(monkeypatch):
     assert cmd[4:8] == ["--nodes", "4", "16", "32"] and cmd[8] == "--reducers"
     assert {"dense", "topk", "gtopk", "gtopk_exact"} <= set(cmd[9:seeds])  # conf/experiment/fig5_scale.yaml's axis
     assert cmd[seeds:] == ["--seeds", "1", "--publish", str(reproduce.SCALE_RESULTS)]
+
+
+def test_a_variant_of_a_reducer_is_a_cell_of_its_own(grid, tmp_path):
+    """Runs of one reducer at the same P and seed with another setting (the sampled threshold)
+    or another density are cells and table rows of their own, not duplicates that hide each
+    other (one of two finished runs under one key used to drop out of the table)."""
+    import yaml
+
+    other = tmp_path / "variants"
+    sampled = write_training(other, "gtopk", [0.3, 0.6, 0.86], nodes=4, seed=0, summary=FINISHED)
+    cfg = yaml.safe_load((sampled / "config.yaml").read_text())
+    cfg["reducer"]["selection"] = "sampled"
+    (sampled / "config.yaml").write_text(yaml.safe_dump(cfg))
+    write_training(other, "gtopk", [0.3, 0.7, 0.87], nodes=4, seed=0, density=0.02, summary=FINISHED)
+    out = scale.tables([grid, other], **GRID_ARGS)
+    cells = out["grid"].set_index(["nodes", "reducer", "seed"])["state"]
+    assert cells[(4, "gtopk", 0)] == cells[(4, "gtopk selection=sampled", 0)] == "finished"
+    assert cells[(4, "gtopk rho=0.02", 0)] == "finished"
+    finals = {r["curve"]: r["final_top1"] for _, r in out["table"][out["table"]["nodes"] == 4].iterrows()}
+    assert finals["gtopk"] == pytest.approx(0.85) and finals["gtopk selection=sampled"] == pytest.approx(0.86)
+    assert finals["gtopk rho=0.02"] == pytest.approx(0.87)
