@@ -16,8 +16,8 @@ flattening, the non-finite check; see ``rest_of_iteration``) taken from its job 
 ``local_from`` workers
 (default P = 1: the worker alone on the machine, the nearest this box gets to one worker
 per machine; at larger P on a small machine the workers' CPU-side work shares the cores
-and is inflated). Overlapping reducers (DDP) take max(t_compute, t_commu)
-(``gtopk.perf.model.predict_iter``). A line whose model or reducer class read from the
+and is inflated). Overlapping reducers (DDP) hide what their ``predict_body`` says
+backward hides (``gtopk.perf.model.predict_iter``). A line whose model or reducer class read from the
 records is not one of ``conf/`` is left out with a one-line warning: nothing named by
 records is loaded or imported unless ``conf/`` has it (``gtopk.perf.model.check_model``).
 """

@@ -22,6 +22,7 @@ ranks of one process, on DDP's buckets (``prepare_group``, ``reduce_group``:
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
+import math
 import warnings
 from collections.abc import Callable
 
@@ -32,8 +33,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gtopk.host import Clock
 from gtopk.reducers.base import ReduceRecord
-from gtopk.reducers.costmodel import VALUE_BYTES, dense_traffic
-from gtopk.reducers.dense import DenseReducer
+from gtopk.reducers.costmodel import (
+    VALUE_BYTES,
+    Network,
+    ddp_bucket_indices,
+    ddp_buckets,
+    dense_time,
+    dense_traffic,
+    overlapped_time,
+    ready_offsets,
+    ring_time,
+)
+from gtopk.reducers.dense import DenseReducer, bucket_numel, bucket_sizes
 from gtopk.simulated.hooks import HookGroup, hook_group
 from gtopk.train.backward import Backward, BackwardCommu
 
@@ -138,12 +149,42 @@ class DDPReducer(DenseReducer):
     plot_order = 20
     #: the update is dense's (``exact_average`` and ``reference`` come from DenseReducer)
     payoff_baseline = True
-    #: the model (gtopk.perf.model) takes max(t_compute, t_commu) instead of their sum
+    #: communicates inside backward: ``predict_body`` models what backward hides
     overlaps_backward = True
     #: DDP all-reduces from backward hooks across real processes (cluster=simulated: reducer=dense)
     simulatable = False
     #: set by ``wrap`` (P > 1): the backward passes that run and time DDP's all-reduces
     hooked_backward: TimedAllReduce | None = None
+
+    @classmethod
+    def bucket_commu(cls, P: int, bucket: list[tuple[int, ...]], net: Network, **settings) -> float:
+        """Alpha-beta time of one bucket's communication (its parameters' shapes): here the
+        ring all-reduce of its elements, ``word`` bytes each."""
+        return ring_time(P, sum(math.prod(s) for s in bucket), net, word=cls.word)
+
+    @classmethod
+    def predict_commu(cls, P: int, m: int, net: Network, shapes=None, bucket_mb: float = 25.0, **settings) -> float:
+        """``bucket_commu`` over DDP's buckets of the parameters ``shapes``, one after
+        another; without shapes, ring all-reduces of ``bucket_mb`` slices of the m entries."""
+        if shapes is None:
+            return dense_time(P, bucket_sizes(m, bucket_numel(bucket_mb)), net, word=cls.word)
+        return sum(cls.bucket_commu(P, b, net, **settings) for b in ddp_buckets(shapes, bucket_mb))
+
+    @classmethod
+    def predict_body(
+        cls, P: int, m: int, net: Network, t_compute: float, shapes=None, bucket_mb: float = 25.0, **settings
+    ) -> float:
+        """Forward/backward and communication as the replayed backward runs them
+        (``gtopk.train.replay_backward``): each of DDP's buckets starts its communication
+        once its last gradient is ready (``ready_offsets``) and the bucket before it is done;
+        the step's body ends when backward and the last bucket have. Without ``shapes``
+        nothing is hidden (t_compute plus ``predict_commu``)."""
+        if shapes is None:
+            return t_compute + cls.predict_commu(P, m, net, bucket_mb=bucket_mb, **settings)
+        ready = ready_offsets([len(s) for s in shapes], t_compute)
+        buckets = ddp_bucket_indices(shapes, bucket_mb)
+        times = [cls.bucket_commu(P, [tuple(shapes[i]) for i in b], net, **settings) for b in buckets]
+        return max(t_compute, overlapped_time([max(ready[i] for i in b) for b in buckets], times))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1:

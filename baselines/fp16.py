@@ -14,8 +14,6 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from baselines.ddp import DDPReducer
-from gtopk.reducers.costmodel import Network, dense_time
-from gtopk.reducers.dense import bucket_numel, bucket_sizes
 
 HOOKS = {"float16": default_hooks.fp16_compress_hook, "bfloat16": default_hooks.bf16_compress_hook}
 
@@ -62,8 +60,3 @@ class DDPFp16Reducer(DDPReducer):
     def communicate(self, state, bucket):
         """Collective. torch's fp16 (bf16) compression hook on one bucket."""
         return HOOKS[self.dtype](state, bucket), [bucket.buffer().numel()]
-
-    @classmethod
-    def predict_commu(cls, P: int, m: int, net: Network, bucket_mb: float = 25.0, **_) -> float:
-        """DDP's ring all-reduce per bucket with half the bytes."""
-        return dense_time(P, bucket_sizes(m, bucket_numel(bucket_mb)), net, word=cls.word)

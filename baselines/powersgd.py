@@ -37,7 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from baselines import powersgd_state as pieces
 from baselines.ddp import DDPReducer
 from gtopk.reducers.base import ReduceRecord
-from gtopk.reducers.costmodel import Network, ddp_buckets, powersgd_allreduces, powersgd_time
+from gtopk.reducers.costmodel import Network, powersgd_allreduces, powersgd_time
 
 
 def _int_at_least(name: str, value: Any, low: int, example: int) -> int:
@@ -209,19 +209,23 @@ class PowerSGDReducer(DDPReducer):
         self._layouts, self._pending = {}, {i: dict(p) for i, p in state["params"].items()}
 
     @classmethod
-    def predict_commu(
+    def bucket_commu(
         cls,
         P: int,
-        m: int,
+        bucket: list[tuple[int, ...]],
         net: Network,
-        shapes: list[tuple[int, ...]] | None = None,
         matrix_approximation_rank: int = 2,
         min_compression_rate: float = 2.0,
-        bucket_mb: float = 25.0,
         **_,
     ) -> float:
-        """The hook's all-reduces per DDP bucket (``gtopk.reducers.costmodel.powersgd_time``);
-        needs the model's parameter ``shapes``."""
+        """The hook's three ring all-reduces of one bucket, one after the other: the
+        uncompressed tensors, the Ps, the Qs (``gtopk.reducers.costmodel.powersgd_time``).
+        The compression arithmetic is not counted."""
+        return powersgd_time(P, [bucket], net, matrix_approximation_rank, min_compression_rate)
+
+    @classmethod
+    def predict_commu(cls, P: int, m: int, net: Network, shapes=None, **settings) -> float:
+        """The hook's all-reduces per DDP bucket; needs the model's parameter ``shapes``."""
         if shapes is None:
             raise ValueError("PowerSGD's communication model needs the model's parameter shapes (shapes=...)")
-        return powersgd_time(P, ddp_buckets(shapes, bucket_mb), net, matrix_approximation_rank, min_compression_rate)
+        return super().predict_commu(P, m, net, shapes=shapes, **settings)

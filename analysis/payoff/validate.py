@@ -37,17 +37,14 @@ def net_of(summary: dict, profiles: list[NetworkProfile]) -> Net | None:
 
 
 def ratio_row(summary: dict, pred: dict, overlaps_backward: bool) -> dict:
-    """Measured (``summary``) beside predicted (``pred``: t_compute, t_commu, t_iter) for one
-    job. t_commu measured is the whole collective: for a reducer that overlaps it with
-    backward (DDP), ``t_commu_backward`` (its all-reduce window, hidden or not), which is what
-    the model's t_commu stands for; ``t_commu`` there is only the part backward did not hide.
-    rest = t_iter - t_compute - t_commu for a sequential reducer, t_iter - max(t_compute,
-    t_commu) for an overlapping one (t_data, t_compr, the update, flattening)."""
+    """Measured (``summary``) beside predicted (``pred``: t_compute, t_commu, t_exposed,
+    t_iter) for one job. t_commu measured is the whole collective: for a reducer that
+    overlaps it with backward (DDP), ``t_commu_backward`` (its all-reduce window, hidden or
+    not), which is what the model's t_commu stands for. rest = t_iter - t_compute - the
+    communication the step waited for (``t_commu`` of the summary, the model's t_exposed: for
+    a sequential reducer all of it, for an overlapping one what backward did not hide): t_data,
+    t_compr, the update, flattening."""
     commu = summary["t_commu_backward"] if overlaps_backward else summary["t_commu"]
-
-    def rest(t_iter: float, t_compute: float, t_commu: float) -> float:
-        return t_iter - (max(t_compute, t_commu) if overlaps_backward else t_compute + t_commu)
-
     return {
         "t_iter_measured": summary["t_iter"],
         "t_iter_predicted": pred["t_iter"],
@@ -57,8 +54,8 @@ def ratio_row(summary: dict, pred: dict, overlaps_backward: bool) -> dict:
         "t_commu_measured": commu,
         "t_commu_predicted": pred["t_commu"],
         "commu_ratio": pred["t_commu"] / commu if commu > 0 else float("nan"),
-        "rest_measured": rest(summary["t_iter"], summary["t_compute"], commu),
-        "rest_predicted": rest(pred["t_iter"], pred["t_compute"], pred["t_commu"]),
+        "rest_measured": summary["t_iter"] - summary["t_compute"] - summary["t_commu"],
+        "rest_predicted": pred["t_iter"] - pred["t_compute"] - pred["t_exposed"],
     }
 
 

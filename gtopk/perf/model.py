@@ -5,8 +5,9 @@ byte) fitted by ``gtopk.perf.netbench`` on some cluster. From it, a reducer's co
 ``_target_`` class provides ``predict_commu``) and the measured or replayed per-iteration
 times of one job (t_data, t_compute, t_compr, t_update), ``predict_iter`` predicts t_commu
 and t_iter at any P (1 .. 1024 and beyond): only t_commu depends on P in the model; the local
-times are taken as measured. Reducers that overlap communication with backward (DDP)
-are modelled as ``max(t_compute, t_commu)``.
+times are taken as measured. Reducers that overlap communication with backward (DDP and
+its hooks) hide what the replayed backward hides: each bucket's communication starts when
+its last gradient is ready and the bucket before it is done (``predict_body`` of the class).
 
 ``python -m gtopk.perf.model --network PROFILE RUN_DIR...`` prints prediction against
 measurement for every finished job under the given directories.
@@ -205,16 +206,23 @@ def predict_iter(
     images_per_iter: int,
     shapes: list | None = None,
 ) -> dict:
-    """Predicted t_commu, t_iter and images/s per worker at P, from local times ``local``
-    (t_data, t_compute, t_compr, t_update of a job; missing ones count as 0)."""
+    """Predicted t_commu (all of the step's communication), t_exposed (what of it the step
+    waits for: all, except for a reducer that overlaps it with backward), t_iter and images/s
+    per worker at P, from local times ``local`` (t_data, t_compute, t_compr, t_update of a
+    job; missing ones count as 0)."""
     t = {k: float(local.get(k, 0.0)) for k in LOCAL_TIMES}
-    t_commu = predict_commu(reducer_cfg, P, m, net, shapes)
-    if reducer_class(reducer_cfg).overlaps_backward:  # declared by every reducer (gtopk.reducers.base)
-        body = max(t["t_compute"], t_commu)
-    else:
-        body = t["t_compute"] + t_commu
+    settings = {k: v for k, v in reducer_cfg.items() if k != "_target_"}
+    cls = reducer_class(reducer_cfg)
+    t_commu = cls.predict_commu(P, m, net, shapes=shapes, **settings)
+    body = cls.predict_body(P, m, net, t["t_compute"], shapes=shapes, **settings)  # DDP: hides some
     t_iter = t["t_data"] + body + t["t_compr"] + t["t_update"]
-    return {"nodes": P, "t_commu": t_commu, "t_iter": t_iter, "images_per_s_per_worker": images_per_iter / t_iter}
+    return {
+        "nodes": P,
+        "t_commu": t_commu,
+        "t_exposed": body - t["t_compute"],
+        "t_iter": t_iter,
+        "images_per_s_per_worker": images_per_iter / t_iter,
+    }
 
 
 def finished_jobs(roots: Iterable[str | Path]) -> list[tuple[dict, dict]]:

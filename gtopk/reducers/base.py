@@ -43,8 +43,8 @@ Declarations (class attributes, read without building the reducer or any process
 * ``exact_average``: the update is exactly the mean of the P gradients (dense S-SGD,
   DDP): its final accuracy is the relative target of ``make payoff``, and reducers with
   this update borrow each other's iterations to a target.
-* ``overlaps_backward``: its communication runs inside backward (DDP's hooks): the
-  performance model takes ``max(t_compute, t_commu)`` instead of their sum.
+* ``overlaps_backward``: its communication runs inside backward (DDP's hooks): its
+  ``predict_body`` hides what the backward pass still running allows.
 * ``hooked_backward``: set by ``wrap`` when ``overlaps_backward`` (the backward passes that
   run and time that communication, ``gtopk.train.backward.Backward``); None otherwise.
 * ``simulatable``: ``reduce_group`` gives its semantics in one process
@@ -275,6 +275,13 @@ class Reducer(ABC):
         """Alpha-beta time of one ``reduce``'s communication for P ranks and m entries,
         with this reducer's config ``settings`` (no process group needed)."""
         raise NotImplementedError(f"{cls.__name__} has no communication model")
+
+    @classmethod
+    def predict_body(cls, P: int, m: int, net: Network, t_compute: float, **settings) -> float:
+        """Alpha-beta time of a step's forward/backward (``t_compute``) and communication
+        together: here one after the other; a reducer that communicates inside backward
+        (``overlaps_backward``) overrides it with the part it hides."""
+        return t_compute + cls.predict_commu(P, m, net, **settings)
 
     @classmethod
     def check_job(cls, cfg, backend: str) -> None:

@@ -16,6 +16,7 @@ counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 VALUE_BYTES = 4  # float32 on the wire
@@ -173,22 +174,57 @@ def gtopk_time(P: int, k: int, m: int, net: Network, algorithm: str, putback: st
 
 
 # ---------------------------------------------------------------- DDP's buckets; the hook baselines
-def ddp_buckets(
-    shapes: list[tuple[int, ...]], bucket_mb: float, word: int = VALUE_BYTES
-) -> list[list[tuple[int, ...]]]:
+#: fraction of a step's compute in the forward pass (backward ~ 2x forward): the replay of a
+#: hooked backward (``gtopk.train.replay_backward``) and this model share it
+FORWARD_SHARE = 1.0 / 3.0
+
+
+def ready_offsets(ndims: Sequence[int], t_compute: float, forward_share: float = FORWARD_SHARE) -> list[float]:
+    """When each parameter's gradient is ready, seconds after the step starts, for
+    parameters of ``ndims`` dimensions in model (forward) order: the forward pass takes
+    ``forward_share`` of ``t_compute``, then backward walks the layers in reverse, an equal
+    share per parameter with ndim >= 2; a 1-D parameter (bias, norm) is ready with the weight
+    before it. The last gradient is ready at ``t_compute``."""
+    layer, of = 0, []
+    for d in ndims:
+        layer += d >= 2
+        of.append(max(layer, 1))
+    layers = max(layer, 1)
+    share = (1.0 - forward_share) * t_compute / layers
+    return [forward_share * t_compute + (layers - n + 1) * share for n in of]
+
+
+def ddp_bucket_indices(shapes: Sequence[tuple[int, ...]], bucket_mb: float, word: int = VALUE_BYTES) -> list[list[int]]:
     """DDP's buckets after its rebuild at the end of the first iteration (what every later
-    step all-reduces), for parameters of ``shapes`` in model order: gradients in the order
-    backward produces them (last layer first, for a sequential model), a bucket closing
-    once it holds ``bucket_mb`` MiB or more (one tensor may take it over). The first
+    step all-reduces), as indices into ``shapes`` (parameters in model order): gradients in
+    the order backward produces them (last layer first, for a sequential model), a bucket
+    closing once it holds ``bucket_mb`` MiB or more (one tensor may take it over). The first
     bucket has the same cap when ``bucket_cap_mb`` is given, as ``baselines`` does."""
     cap, out, cur, size = int(bucket_mb * 2**20), [], [], 0
-    for shape in reversed(shapes):
-        cur.append(tuple(shape))
-        size += math.prod(shape) * word
+    for i in reversed(range(len(shapes))):
+        cur.append(i)
+        size += math.prod(shapes[i]) * word
         if size >= cap:
             out.append(cur)
             cur, size = [], 0
     return out + ([cur] if cur else [])
+
+
+def ddp_buckets(
+    shapes: Sequence[tuple[int, ...]], bucket_mb: float, word: int = VALUE_BYTES
+) -> list[list[tuple[int, ...]]]:
+    """``ddp_bucket_indices`` as the parameters' shapes."""
+    return [[tuple(shapes[i]) for i in b] for b in ddp_bucket_indices(shapes, bucket_mb, word)]
+
+
+def overlapped_time(ready: Sequence[float], times: Sequence[float]) -> float:
+    """When the last of a sequence of communications ends, the i-th starting once it is
+    ready (``ready[i]``) and the one before it has ended (one after another, in order, as a
+    process group runs a rank's collectives), each taking ``times[i]``."""
+    end = 0.0
+    for r, t in zip(ready, times, strict=True):
+        end = max(end, r) + t
+    return end
 
 
 def powersgd_matrix(shape: tuple[int, ...], rank: int, min_compression_rate: float) -> tuple[bool, int, int, int]:

@@ -33,9 +33,7 @@ import torch
 from torch import nn
 
 from gtopk import host
-
-#: fraction of a step's compute spent in the forward pass (backward ~ 2x forward)
-FORWARD_SHARE = 1.0 / 3.0
+from gtopk.reducers.costmodel import FORWARD_SHARE, ready_offsets
 
 
 class _ReadyAt(torch.autograd.Function):
@@ -56,15 +54,11 @@ def ready_times(
     params: list[nn.Parameter], start: float, t_compute: float, forward_share: float = FORWARD_SHARE
 ) -> list[float]:
     """When each parameter's gradient is ready (``gtopk.host.now`` seconds), in parameter
-    (forward) order: the backward walks the layers in reverse, one equal share per
-    parameter with ndim >= 2; other parameters share their layer's time."""
-    layer, of = 0, []
-    for p in params:  # a 1-D parameter belongs to the weight before it (bias, norm)
-        layer += p.dim() >= 2
-        of.append(max(layer, 1))
-    layers = max(layer, 1)
-    share = (1.0 - forward_share) * t_compute / layers
-    return [start + forward_share * t_compute + (layers - n + 1) * share for n in of]
+    (forward) order: ``start`` plus the cost model's ``ready_offsets`` (the backward walks the
+    layers in reverse, one equal share per parameter with ndim >= 2; other parameters share
+    their layer's time), so that the model's overlap of DDP (``DDPReducer.predict_body``) is
+    the one replayed here."""
+    return [start + o for o in ready_offsets([p.dim() for p in params], t_compute, forward_share)]
 
 
 def replay_backward(

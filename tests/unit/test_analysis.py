@@ -127,9 +127,10 @@ def test_fig6_measured_and_modelled_efficiency(runs):
     t_iter = sum(LOCAL.values()) + 0.010 + t_commu  # local times from its P = 1 job
     assert mod.loc[("gtopk", 32), "t_commu"] == pytest.approx(t_commu)
     assert mod.loc[("gtopk", 32), "efficiency"] == pytest.approx(0.100 / t_iter)
-    # DDP overlaps: max(t_compute, t_commu) with a ring all-reduce of one 4 MB bucket
-    ring = 2 * 31 * (ALPHA + math.ceil(M / 32) * 4 * BETA)
-    assert mod.loc[("ddp", 32), "efficiency"] == pytest.approx(0.100 / (0.100 - 0.080 + max(0.080, ring)))
+    # DDP overlaps what backward allows: ResNet-20's 269,722 parameters are one 25 MB bucket,
+    # ready when backward ends (it holds the first layer), so nothing is hidden: t_compute + ring
+    ring = 2 * 31 * (ALPHA + math.ceil(269_722 / 32) * 4 * BETA)
+    assert mod.loc[("ddp", 32), "efficiency"] == pytest.approx(0.100 / (0.100 + ring))
     paper = df[df["kind"] == "paper"].set_index(["model", "reducer", "nodes"])["efficiency"]
     assert paper[("resnet20", "gtopk", 32)] == pytest.approx(789.3 / 920.632)
 

@@ -95,6 +95,41 @@ def test_ddp_buckets_follow_backward_order_and_close_at_the_cap():
     assert cm.ddp_buckets(shapes, 25.0) == [[(300,), (50,), (10, 20), (100,)]]
 
 
+def test_ready_offsets_walk_the_layers_backwards():
+    # forward 0.1 of 0.3 s, then two weights' layers of 0.1 s each, the last layer first;
+    # the bias rides with the weight before it
+    ready = cm.ready_offsets([2, 1, 2], t_compute=0.3, forward_share=1 / 3)
+    assert ready == [pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.2)]
+    assert cm.ready_offsets([1], 0.3, 1 / 3) == [pytest.approx(0.3)]  # no weight: one layer
+
+
+def test_overlapped_time_waits_for_readiness_and_the_bucket_before():
+    assert cm.overlapped_time([0.2, 0.3], [0.068, 0.0288]) == pytest.approx(0.3288)  # the 2nd waits for ready
+    assert cm.overlapped_time([0.2, 0.21], [0.068, 0.0288]) == pytest.approx(0.2968)  # for the 1st to end
+    assert cm.overlapped_time([], []) == 0.0
+
+
+def test_ddp_hides_the_buckets_ready_before_backward_ends():
+    """Two buckets (cap 4,800 bytes): the last layer's 1,200 entries, ready at 0.2 s, then
+    the first layer's 220, ready at 0.3 s = t_compute. P = 2, alpha 10 ms, beta 10 us/byte:
+    ring of 1,200 entries = 2 (0.01 + 600 x 4 x 1e-5) = 0.068 s, ends at 0.268 s; of 220 =
+    2 (0.01 + 110 x 4 x 1e-5) = 0.0288 s, starts at 0.3 s, ends at 0.3288 s."""
+    from baselines.ddp import DDPReducer
+    from baselines.fp16 import DDPFp16Reducer
+
+    net, shapes, mb = Network(alpha=0.01, beta=1e-5), [(10, 20), (20,), (30, 40)], 4800 / 2**20
+    assert cm.ddp_bucket_indices(shapes, mb) == [[2], [1, 0]]
+    assert DDPReducer.predict_commu(2, 1420, net, shapes=shapes, bucket_mb=mb) == pytest.approx(0.068 + 0.0288)
+    assert DDPReducer.predict_body(2, 1420, net, 0.3, shapes=shapes, bucket_mb=mb) == pytest.approx(0.3288)
+    # one bucket holding everything is ready only when backward ends: nothing hidden
+    one = 2 * (0.01 + 710 * 4 * 1e-5)
+    assert DDPReducer.predict_body(2, 1420, net, 0.3, shapes=shapes, bucket_mb=25.0) == pytest.approx(0.3 + one)
+    # a long backward hides the first bucket entirely: body = t_compute + the last bucket's ring
+    assert DDPReducer.predict_body(2, 1420, net, 3.0, shapes=shapes, bucket_mb=mb) == pytest.approx(3.0 + 0.0288)
+    # fp16: the same buckets, 2 bytes an entry: 2 (0.01 + 110 x 2 x 1e-5) = 0.0244 for the last one
+    assert DDPFp16Reducer.predict_body(2, 1420, net, 3.0, shapes=shapes, bucket_mb=mb) == pytest.approx(3.0 + 0.0244)
+
+
 def test_powersgd_rule_matches_torchs():
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 

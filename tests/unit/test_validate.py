@@ -66,18 +66,18 @@ def test_prediction_is_the_payoffs_model_and_the_ratio_is_against_the_job(tmp_pa
 
 def test_overlapping_reducer_is_compared_on_its_whole_all_reduce():
     """DDP: the model's t_commu is the whole all-reduce, hidden in backward or not, so the
-    measured side is t_commu_backward; the rest subtracts max(t_compute, t_commu)."""
+    measured side is t_commu_backward; the rest subtracts the part the step waited for (the
+    summary's t_commu, the model's t_exposed), whatever the reducer."""
     measured = {"t_iter": 0.050, "t_compute": 0.040, "t_commu": 0.004, "t_commu_backward": 0.030}
-    predicted = {"t_iter": 0.045, "t_compute": 0.035, "t_commu": 0.020}
+    predicted = {"t_iter": 0.045, "t_compute": 0.035, "t_commu": 0.020, "t_exposed": 0.002}
     row = validate.ratio_row(measured, predicted, overlaps_backward=True)
     assert row["ratio"] == pytest.approx(0.9)  # 0.045 / 0.050
     assert row["t_commu_measured"] == 0.030 and row["commu_ratio"] == pytest.approx(2 / 3)
-    assert row["rest_measured"] == pytest.approx(0.010)  # 0.050 - max(0.040, 0.030)
-    assert row["rest_predicted"] == pytest.approx(0.010)  # 0.045 - max(0.035, 0.020)
+    assert row["rest_measured"] == pytest.approx(0.006)  # 0.050 - 0.040 - 0.004
+    assert row["rest_predicted"] == pytest.approx(0.008)  # 0.045 - 0.035 - 0.002
     sequential = validate.ratio_row(measured, predicted, overlaps_backward=False)
     assert sequential["t_commu_measured"] == 0.004 and sequential["commu_ratio"] == pytest.approx(5.0)
     assert sequential["rest_measured"] == pytest.approx(0.006)  # 0.050 - 0.040 - 0.004
-    assert sequential["rest_predicted"] == pytest.approx(-0.010)  # 0.045 - 0.035 - 0.020
 
 
 def test_bandwidths_sort_by_rate():
