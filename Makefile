@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # reproduce-*: ARGS = Hydra overrides for the runs (e.g. ARGS="cluster=local compute=measured"),
 # NETBENCH_ARGS = gtopk.perf.netbench overrides (e.g. "pingpong.reps=3"), FULL=1 (reproduce-fig5:
-# the full variant, P = 4, 16, 32 and three densities, instead of the quick one), DATA=fashion
+# the full variant, P = 4, 16, 32 and three densities, instead of the quick one; reproduce-fig6 and
+# -fig6-baselines: also P = 16, 32 for the models whose ranks fit in memory), DATA=fashion
 # (reproduce-fig5 on Fashion-MNIST: quick P = 4, 16 at three densities; FULL=1: the paper's point).
 ARGS ?=
 DATA ?= digits
@@ -95,11 +96,11 @@ wandb-export: setup  ## Finished jobs + analysis outputs under RUNS (default run
 wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJECT=... [EXPERIMENT=...]
 	$(PY) -m analysis.wandb.report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
 
-reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled
-	$(REPRODUCE) fig6 --netbench "$(NETBENCH_ARGS)" --variants "$(VARIANTS)" $(ARGS)
+reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled; FULL=1: 16/32 measured for the models whose ranks fit in memory
+	$(REPRODUCE) fig6 $(if $(FULL),--full) --netbench "$(NETBENCH_ARGS)" --variants "$(VARIANTS)" $(ARGS)
 
-reproduce-fig6-baselines: setup  ## DDP-fp16 and PowerSGD (torch's hooks) beside Fig. 6 / Table IV / breakdown, into the runs of reproduce-fig6
-	$(REPRODUCE) fig6 experiment=fig6_baselines --netbench "$(NETBENCH_ARGS)" $(ARGS)
+reproduce-fig6-baselines: setup  ## DDP-fp16 and PowerSGD (torch's hooks) beside Fig. 6 / Table IV / breakdown, into the runs of reproduce-fig6; FULL=1: also P=16, 32 where the ranks fit
+	$(REPRODUCE) fig6 experiment=fig6_baselines $(if $(FULL),--full) --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
 reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs of reproduce-fig6)
 	$(REPRODUCE) table4 --netbench "$(NETBENCH_ARGS)" $(ARGS)

@@ -1,6 +1,6 @@
 """The ``make reproduce-*`` targets: run the experiments, then the analysis scripts.
 
-    python -m analysis.reproduce fig6|table4|breakdown|scaling [--netbench "K=V ..."] [--variants K=V,...] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce fig6|table4|breakdown|scaling [--full] [--netbench "K=V ..."] [--variants K=V,...] [HYDRA OVERRIDES...]
     python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
     python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
     python -m analysis.reproduce scale [HYDRA OVERRIDES...]
@@ -9,7 +9,8 @@
   ``runs/fig6_reproduce/``: the cluster (``pick_cluster``: emulated where it can be built,
   else loopback with a warning), the netbench calibration once per cluster setting
   (``calibrate``), ``run.py -m experiment=fig6_reproduce`` and each ``--variants`` sweep
-  (``variant_sweeps``), the analysis scripts with the calibrated profile, the wandb export;
+  (``variant_sweeps``), with ``--full`` then each P beyond (16, 32) over the models whose P
+  ranks fit (``analysis.memfit``), the analysis scripts with the calibrated profile, the wandb export;
 * fig5 trains the plan of ``fig5_plan`` (digits or Fashion-MNIST, quick or ``--full``);
 * validate runs ``experiment=model_validation`` and ``analysis.payoff.validate``;
 * scale analyses the runs of ``experiment=fig5_scale`` as they stand.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from analysis import memfit
 from analysis.reducers import conf_reducers, names, ordered
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,15 +227,19 @@ def variant_sweeps(overrides: list[str], variants=VARIANTS) -> list[list[str]]:
     return sweeps
 
 
-def scaling(target: str, overrides: list[str], netbench: list[str], variants=()) -> None:
+def scaling(target: str, overrides: list[str], netbench: list[str], variants=(), full: bool = False) -> None:
     """Steps 1-4 of the module docstring for a scaling target, the ``variants`` swept after
-    the experiment (``variant_sweeps``)."""
+    the experiment (``variant_sweeps``); ``full``: then each P beyond the experiment's
+    (``memfit.split``), its ``run.py -m`` over the models that fit, decided just before it
+    (``memfit.sweep_at``), with its variants."""
     t0 = time.monotonic()
     overrides = pick_cluster(merged(DEFAULTS, overrides))
     runs, net = calibrate(overrides, netbench)
-    run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
-    for sweep in variant_sweeps(overrides, variants):
-        run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
+    base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
+    for nodes in [None, *beyond]:
+        at = base if nodes is None else memfit.sweep_at(overrides, nodes, runs, axis)
+        for sweep in [at, *variant_sweeps(at, variants)] if at else []:
+            run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
     for script in SCALING_SCRIPTS[target]:
         run([sys.executable, "-m", f"analysis.figures.{script}", str(runs), "--network", str(net / "profile.json")])
     export(runs)
@@ -308,7 +314,12 @@ SCALE_RESULTS = ROOT / "analysis" / "results" / "fig5_scale"
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate", "scale"]))
-    ap.add_argument("--full", action="store_true", help="fig5: the full variant (P = 4, 16, 32; three densities)")
+    ap.add_argument(
+        "--full",
+        action="store_true",
+        help="fig5: the full variant (P = 4, 16, 32; three densities); scaling targets: also P = 16, 32 "
+        "for the models whose ranks fit in memory (analysis.memfit), the rest modelled",
+    )
     ap.add_argument(
         "--data",
         choices=["digits", "fashion"],
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         scale(args.overrides)
     else:
         variants = [tuple(v.split("=", 1)) for v in args.variants.split(",") if "=" in v]
-        scaling(args.target, args.overrides, shlex.split(args.netbench), variants)
+        scaling(args.target, args.overrides, shlex.split(args.netbench), variants, args.full)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ backward (DDP) records as t_commu only the part backward could not hide (timed b
 communication hook, see ``baselines.ddp``), so its measured bar stacks compute, that
 exposed communication and the rest to its t_iter; ``t_commu_backward`` in the CSV is its
 whole all-reduce window, hidden or not. Modelled bars do the same: an overlapping
-reducer's bar shows max(0, t_commu - t_compute) as communication, and ``t_commu_total``
-the predicted all-reduce time.
+reducer's bar shows as communication what its model leaves exposed (``predict_body``: the
+buckets still communicating when backward ends), and ``t_commu_total`` the predicted
+all-reduce time.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ threshold ``gtopk selection=sampled``, is a line of its own): measured solid, mo
     python -m analysis.figures.fig6 runs/fig6_reproduce --network runs/fig6_reproduce/net/emulated/profile.json
 
 Writes fig6.png, fig6.pdf and fig6.csv (every point drawn, with ``kind`` = measured |
-modelled | paper) into ``<first root>/analysis/`` (or --out).
+modelled | paper) into ``<first root>/analysis/`` (or --out). A modelled point that no
+measured point of its line matches says why in ``why_modelled``: why ``make reproduce-fig6
+FULL=1`` left that model's P ranks out (``analysis.memfit``: too little memory, or no job to
+measure it by; the panel says it too), that they fit but no job finished, else ``not run``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from analysis import memfit
 from analysis.common import MARKERS, jobs_or_exit, model_rank, out_dir, panels, parser, save
 from analysis.reducers import ordered, palette
 from analysis.scaling import SETUP, efficiencies, paper_efficiency
@@ -68,13 +72,35 @@ def compute(args) -> pd.DataFrame:
     return efficiencies(labelled_jobs(args), net, args.baseline, args.local_from, extend)
 
 
+def why_modelled(eff: pd.DataFrame, fit: pd.DataFrame) -> pd.DataFrame:
+    """``eff`` with ``why_modelled`` (module docstring) from the memory decisions ``fit``
+    (``memfit.read``); empty on every other row."""
+    line = SETUP + ["reducer", "nodes"]
+    seen = eff.loc[eff["kind"] == "measured", line].drop_duplicates().assign(_seen=True)
+    measured = eff[line].merge(seen, on=line, how="left")["_seen"].eq(True).to_numpy()  # NaN keys match
+    why = {
+        (r["model"], int(r["nodes"])): "its ranks fit (memfit), but no job finished"
+        if bool(r["fits"])
+        else f"left modelled by memfit: {memfit.short(r)}"
+        for r in fit.to_dict("records")
+    }
+    eff = eff.copy()
+    eff["why_modelled"] = [
+        why.get((m, int(n)), "not run") if k == "modelled" and not s else ""
+        for m, n, k, s in zip(eff["model"], eff["nodes"], eff["kind"], measured)
+    ]
+    return eff
+
+
 def panel_title(key: tuple) -> str:
     s = dict(zip(SETUP, key))
     return f"{s['model']} ({s['cluster']}, compute {s['compute']})"
 
 
-def plot(eff: pd.DataFrame, ref: pd.DataFrame) -> plt.Figure:
-    """The figure: panels per setup (models in the paper's order), lines per reducer."""
+def plot(eff: pd.DataFrame, ref: pd.DataFrame, fit: pd.DataFrame | None = None) -> plt.Figure:
+    """The figure: panels per setup (models in the paper's order), lines per reducer; in a
+    panel, the P whose ranks ``fit`` (``memfit.read``) says did not fit, and why."""
+    fit = memfit.read([]) if fit is None else fit
     setups = sorted(
         eff.groupby(SETUP, dropna=False, sort=True), key=lambda kg: model_rank(dict(zip(SETUP, kg[0]))["model"])
     )
@@ -100,6 +126,11 @@ def plot(eff: pd.DataFrame, ref: pd.DataFrame) -> plt.Figure:
         ax.set_xlabel("workers P")
         ax.set_ylabel("scaling efficiency v_P / v_1")
         ax.set_title(panel_title(key), fontsize=10)
+        seen = set(g[g["kind"] == "measured"]["nodes"])  # a P measured after all (an earlier run) needs no note
+        out = fit[(fit["model"] == model) & ~fit["fits"].astype(bool) & ~fit["nodes"].isin(seen)].sort_values("nodes")
+        notes = [f"P = {int(r['nodes'])} modelled only: {memfit.short(r)}" for r in out.to_dict("records")]
+        if notes:
+            ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=6, va="bottom", color="0.3")
         ax.grid(alpha=0.3)
     axes[min(1, len(axes) - 1)].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
@@ -110,9 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__.split("\n\n")[0])
     add_model_args(ap)
     args = ap.parse_args(argv)
-    eff = compute(args)
+    fit = memfit.read(args.roots)
+    eff = why_modelled(compute(args), fit)
     ref = paper_efficiency(eff["model"].unique())
-    save(plot(eff, ref), pd.concat([eff, ref], ignore_index=True), out_dir(args.roots, args.out), "fig6")
+    save(plot(eff, ref, fit), pd.concat([eff, ref], ignore_index=True), out_dir(args.roots, args.out), "fig6")
 
 
 if __name__ == "__main__":
