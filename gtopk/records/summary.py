@@ -6,11 +6,16 @@ device, CPU/GPU, git commit) and, for training, the coverage and top-1 trend
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
+import importlib.util
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,9 +41,28 @@ def git_commit() -> str | None:
 SIMULATED_BACKEND = "in-process"
 
 
+def package_version(name: str) -> str | None:
+    """``name.__version__`` without importing ``name`` where it is not imported yet (torchvision:
+    87 MB per process, which a replayed benchmark's worker never needs): read from its
+    ``version.py`` as the package writes it (``0.29.2+cu132``), else its distribution's."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__version__", None)
+    spec = importlib.util.find_spec(name)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        with contextlib.suppress(OSError):
+            found = re.search(
+                r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", (Path(folder) / "version.py").read_text(), re.M
+            )
+            if found:
+                return found.group(1)
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment(device: str, backend: str) -> dict:
     import hydra
-    import torchvision
 
     import gtopk
 
@@ -47,7 +71,7 @@ def environment(device: str, backend: str) -> dict:
         "git_commit": git_commit(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": package_version("torchvision"),
         "hydra": hydra.__version__,
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -80,6 +104,24 @@ def time_base(rows: Iterable[dict]) -> dict:
     return {"time_base": "dilated" if d > 1 else "real", "dilation": d}
 
 
+def memory_fields(rows: Iterable[dict]) -> dict:
+    """What the rank with the most private memory at the end of the job held (MiB; its last
+    row's ``mem_*``, ``gtopk.train.memory.rank_memory``): ``mem_private_mb`` (its own pages),
+    ``mem_shared_mb`` (RSS - private: pages it shares, with the other ranks of the host
+    among others) and ``mem_pss_mb``; a host holds P such ranks in about P x private +
+    shared. None of the keys where no row has them (no /proc, older runs). A simulated
+    job's ranks are one process: its figures are that process's."""
+    found = [r for r in rows if "mem_private_mb" in r]
+    if not found:
+        return {}
+    top = max(found, key=lambda r: r["mem_private_mb"])
+    return {
+        "mem_private_mb": top["mem_private_mb"],
+        "mem_shared_mb": top["mem_rss_mb"] - top["mem_private_mb"],
+        "mem_pss_mb": top["mem_pss_mb"],
+    }
+
+
 def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: Iterable[dict] | None = None) -> dict:
     """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
     slowest and where it is fastest both count); steps skipped for a non-finite gradient
@@ -87,6 +129,7 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: It
     coverage of all their iterations and, given the ``epochs`` rows, the trend of the test
     top-1 at the end (``gtopk.records.regime.summary_fields``)."""
     rows = list(rows)
+    memory = memory_fields(rows)  # from every row: the last may be a skipped step's
     regime = summary_fields(rows, meta["params"], epochs) if meta.get("mode") == "train" else {}
     rows = [r for r in rows if not r.get("warmup")]
     skipped = len({r.get("iter") for r in rows if r.get("nonfinite")})
@@ -120,6 +163,7 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: It
     out["t_local"] = statistics.median(r["t_data"] + r["t_compr"] + r["t_update"] for r in rows)
     # the largest worker's peak resident memory in the job (MiB; rows of older runs lack it)
     out["rss_peak_mb"] = max(r.get("rss_peak_mb", 0.0) for r in rows)
+    out.update(memory)
     out.update(time_base(rows))
     out.update(regime)
     return out

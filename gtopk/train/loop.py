@@ -29,7 +29,7 @@ from gtopk.records.rundir import JsonLines, RunDir, read_jsonl, write_json_atomi
 from gtopk.records.summary import environment, summarize
 from gtopk.train.budget import timed_steps
 from gtopk.train.device import pick_device
-from gtopk.train.memory import reset_peak_rss
+from gtopk.train.memory import rank_memory, reset_peak_rss
 from gtopk.train.ranks import Ranks, RealRanks
 from gtopk.train.recipe import DensitySchedule, LRSchedule
 from gtopk.train.worker import Worker
@@ -78,6 +78,9 @@ def run(ranks: Ranks) -> dict | None:
             train(ranks, cfg, logger, progress)
         else:
             benchmark(ranks, cfg, logger, progress)
+        memory = rank_memory()  # once per process (a simulated job's ranks share it): /proc/self/smaps_rollup
+        for r in ranks.hosted:
+            r.records.end_of_job(memory)
         rows = ranks.finish()  # collective in a distributed job
         if not ranks.lead:
             return None

@@ -4,7 +4,9 @@
 real rank, ``gtopk.simulated.worker.SimulatedWorker.aggregate`` for each virtual rank):
 the same keys in the same order whichever ranks trained. ``RankRows`` is where one rank's
 rows go: its ``iters.rank<i>.jsonl`` (each row flushed as it is written) and the list the
-job's summary is computed from. Nothing here is collective.
+job's summary is computed from; ``RankRows.end_of_job`` adds what the rank knows only at
+the end (its memory, ``gtopk.train.memory.rank_memory``) to its last row in that list,
+which reaches the summary with the others. Nothing here is collective.
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ class RankRows:
         heartbeat()
         if logger and not row.get("warmup"):
             logger.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+    def end_of_job(self, facts: dict) -> None:
+        """Add ``facts`` (the rank's memory at the end of the job) to its last row of this
+        job, in ``rows`` only (its file keeps the step's row as written): the rows reach
+        the summary (``gtopk.records.summary.summarize``) and carry them there."""
+        if self.rows and facts:
+            self.rows[-1].update(facts)
 
     def close(self) -> None:
         self.iters.close()

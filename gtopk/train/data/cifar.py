@@ -1,14 +1,14 @@
 """CIFAR-10 (``data=cifar10``): torchvision's CIFAR10 (python pickles) under
 ``root/cifar-10-batches-py``, with the paper's augmentation (random crop with padding,
-horizontal flip, normalisation), at ``image_size`` pixels per side."""
+horizontal flip, normalisation), at ``image_size`` pixels per side. torchvision is imported
+where the data is read (``datasets``, ``transforms``), not with this module: a replayed
+benchmark's worker never reads data and spares its memory (docs/cluster.md, memory per rank)."""
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 from torch.utils.data import Dataset
-from torchvision.datasets import CIFAR10
 
 from gtopk.train.data.base import DataError, DataSource, check_image_size
 
@@ -65,8 +65,10 @@ class Cifar10(DataSource):
     def datasets(self) -> tuple[Dataset, Dataset]:
         from torchvision import datasets
 
+        from gtopk.train.data.cifar_unverified import UnverifiedCIFAR10
+
         train_tf, test_tf = self.transforms()
-        cls = datasets.CIFAR10 if self.verify else _UnverifiedCIFAR10
+        cls = datasets.CIFAR10 if self.verify else UnverifiedCIFAR10
         try:
             return (
                 cls(str(self.root), True, train_tf, download=self.download),
@@ -77,17 +79,3 @@ class Cifar10(DataSource):
                 f"CIFAR-10 under {self.root / 'cifar-10-batches-py'} could not be read ({e}). "
                 "Fix: re-extract cifar-10-python.tar.gz there, or pass data.download=true."
             ) from e
-
-
-class _UnverifiedCIFAR10(CIFAR10):
-    """torchvision's CIFAR10 loader without the MD5 check of the official files (module
-    level, so DataLoader workers started with spawn can unpickle it)."""
-
-    def _check_integrity(self) -> bool:
-        folder = Path(self.root) / self.base_folder
-        return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
-
-    def _load_meta(self) -> None:
-        with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
-            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
