@@ -32,7 +32,6 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gtopk.host import Clock
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import (
     VALUE_BYTES,
     Network,
@@ -45,6 +44,7 @@ from gtopk.reducers.costmodel import (
     ring_time,
 )
 from gtopk.reducers.dense import DenseReducer, bucket_numel, bucket_sizes
+from gtopk.reducers.record import ReduceRecord
 from gtopk.simulated.hooks import HookGroup, hook_group
 from gtopk.train.backward import Backward, BackwardCommu
 

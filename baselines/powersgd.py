@@ -36,8 +36,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 from baselines import powersgd_state as pieces
 from baselines.ddp import DDPReducer
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import Network, powersgd_allreduces, powersgd_time
+from gtopk.reducers.record import ReduceRecord
 
 
 def _int_at_least(name: str, value: Any, low: int, example: int) -> int:

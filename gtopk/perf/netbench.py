@@ -31,8 +31,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gtopk import host
 from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import Network, rd_time
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.schedules import Payload, recursive_doubling
 from gtopk.reducers.wire import PointToPoint
 from gtopk.run import checks, runner

@@ -27,25 +27,25 @@ the default: nothing added), the time the caller's model gives the backend's alg
 for that call (``gtopk.perf.schedulecheck``: the textbook rings of
 ``gtopk.reducers.costmodel``).
 
-The ranks run one at a time (cooperative threads, in a deterministic order); if every
-unfinished rank waits on something no rank will do, ``run`` raises ``Deadlock`` naming
-them. ``run`` patches the ``torch.distributed`` module while it runs: one world at a time
-per process, and nothing else in it may use ``torch.distributed`` meanwhile.
+The ranks run one at a time (cooperative threads, in a deterministic order:
+``gtopk.perf.cooperative.CooperativeRanks``); if every unfinished rank waits on something no
+rank will do, ``run`` raises ``gtopk.perf.cooperative.Deadlock`` naming them. ``run`` patches
+the ``torch.distributed`` module while it runs (``patched``): one world at a time per process,
+and nothing else in it may use ``torch.distributed`` meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 from unittest import mock
 
 import torch
 import torch.distributed as dist
 
+from gtopk.perf.cooperative import CooperativeRanks
 from gtopk.reducers.costmodel import Network
 
 ROUNDS = Network(alpha=1.0, beta=0.0)  # a clock that counts messages on the critical path
@@ -54,14 +54,6 @@ BYTES = Network(alpha=0.0, beta=1.0)  # a clock that counts bytes on the critica
 
 #: (kind, bytes per rank, bytes per element, P, network) -> the time a backend collective call adds to every rank's clock
 CollectiveCost = Callable[[str, int, int, int, Network], float]
-
-
-class Deadlock(RuntimeError):
-    """Every unfinished rank waits on a message or collective no other rank will complete."""
-
-
-class _Aborted(BaseException):
-    """Unwinds a blocked rank's thread after another rank failed or the world deadlocked."""
 
 
 @dataclass
@@ -107,7 +99,7 @@ class _Work:
         self.wait = wait
 
 
-class RecordedWorld:
+class RecordedWorld(CooperativeRanks):
     """P ranks in one process; ``run(fn)`` calls ``fn(rank)`` on every rank (collective
     calls inside reach the stand-in) and returns the P results. ``messages`` and
     ``collectives`` hold what was recorded; ``clocks[rank]`` each rank's final clocks, one
@@ -121,9 +113,8 @@ class RecordedWorld:
         stack_kib: int = 512,
         collective_cost: CollectiveCost | None = None,
     ):
-        if P < 1:
-            raise ValueError(f"a recorded world needs P >= 1 ranks, got {P}")
-        self.P, self.nets, self.eager, self.stack_kib = P, tuple(nets), eager, stack_kib
+        super().__init__(P, stack_kib)
+        self.nets, self.eager = tuple(nets), eager
         self.collective_cost = collective_cost
         self.messages: list[Message] = []
         self.collectives: list[Collective] = []
@@ -131,92 +122,6 @@ class RecordedWorld:
         self._pending: dict[tuple[int, int, bool], deque[_Op]] = {}
         self._calls: dict[int, _Call] = {}
         self._ncalls = [0] * P
-        self._local = threading.local()
-
-    # ------------------------------------------------------------ cooperative scheduling
-    def run(self, fn: Callable[[int], Any]) -> list[Any]:
-        """Run ``fn(rank)`` for every rank, one rank at a time; the results in rank order."""
-        P = self.P
-        self._go = [threading.Lock() for _ in range(P)]
-        for lock in self._go:
-            lock.acquire()
-        self._main = threading.Lock()
-        self._main.acquire()
-        self._ready: deque[int] = deque(range(P))
-        self._queued = set(self._ready)  # the ranks in _ready
-        self._waiting: dict[int, object] = {}
-        self._finished, self._failure, self._abort = 0, None, False
-        results: list[Any] = [None] * P
-
-        def body(rank: int) -> None:
-            self._go[rank].acquire()
-            if self._abort:  # released only to unwind: it never started
-                return
-            self._local.rank = rank
-            try:
-                results[rank] = fn(rank)
-            except _Aborted:
-                return
-            except BaseException as exc:  # noqa: BLE001 -- handed to the caller of run
-                self._failure = self._failure or (rank, exc)
-                self._abort = True
-                self._main.release()
-                return
-            self._finished += 1
-            self._hand_on()
-
-        old = threading.stack_size(self.stack_kib * 1024)
-        try:
-            threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(P)]
-            for t in threads:
-                t.start()
-        finally:
-            threading.stack_size(old)
-        with self.patched():
-            self._hand_on()
-            self._main.acquire()
-        if self._finished < P:  # a failure or a deadlock: unwind the blocked ranks
-            self._abort = True
-            for rank in set(self._waiting) | set(self._ready):  # every thread blocked on its turn
-                self._go[rank].release()
-        for t in threads:
-            t.join()
-        if self._failure is not None:
-            rank, exc = self._failure
-            raise RuntimeError(f"rank {rank} of {P} failed: {exc!r}") from exc
-        if self._finished < P:
-            waits = ", ".join(f"rank {r}: {w}" for r, w in sorted(self._waiting.items())[:8])
-            raise Deadlock(f"{len(self._waiting)} of {P} ranks wait forever ({waits})")
-        return results
-
-    def _hand_on(self) -> None:
-        """Give the turn to the next ready rank, or back to ``run`` when there is none."""
-        if self._ready and not self._abort:
-            nxt = self._ready.popleft()
-            self._queued.discard(nxt)
-            self._go[nxt].release()
-        else:
-            self._main.release()
-
-    def _block(self, rank: int, what: object, done: Callable[[], bool]) -> None:
-        """This rank waits until ``done()``; other ranks run meanwhile."""
-        while not done():
-            self._waiting[rank] = what
-            self._hand_on()
-            self._go[rank].acquire()
-            if self._abort:
-                raise _Aborted
-        self._waiting.pop(rank, None)
-
-    def _wake(self, rank: int) -> None:
-        if rank in self._waiting and rank not in self._queued:
-            self._ready.append(rank)
-            self._queued.add(rank)
-
-    @property
-    def rank(self) -> int:
-        """The rank whose thread is calling."""
-        return self._local.rank
 
     # ------------------------------------------------------------ point to point
     def _post(self, send: bool, tensor: torch.Tensor, peer: int) -> _Op:

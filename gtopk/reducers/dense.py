@@ -7,8 +7,9 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers import reference
-from gtopk.reducers.base import Reducer, ReduceRecord
+from gtopk.reducers.base import Reducer
 from gtopk.reducers.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
+from gtopk.reducers.record import ReduceRecord
 
 
 def bucket_numel(bucket_mb: float) -> int:

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers import reference
-from gtopk.reducers.base import ReduceRecord, SparseReducer
+from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.schedules import Payload, recursive_doubling, recursive_doubling_owned, tree_broadcast, tree_reduce
 from gtopk.reducers.selection import k_for

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock, one_thread
-from gtopk.reducers.base import ReduceRecord, SparseReducer
+from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network
 from gtopk.reducers.oktopk_comm import Comm
 from gtopk.reducers.oktopk_cost import Wire, oktopk_step_time, oktopk_time
@@ -22,6 +22,7 @@ from gtopk.reducers.oktopk_regions import (
     select_local,
     split,
 )
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.selection import k_for
 from gtopk.reducers.selector import Selector

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import dense_traffic
 from gtopk.reducers.oktopk_cost import META_BYTES, Wire, count_bytes, entry_bytes, ring_gather
 from gtopk.reducers.oktopk_regions import SENTINEL, Sparse, balance_plan, block_length, pad
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.wire import PointToPoint, SparseCodec
 
 

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.oktopk_cost import rank_traffic
 from gtopk.reducers.oktopk_regions import boundaries, passing, quantiles, select_global, split, threshold_of
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.selection import k_for, topk_indices
 from gtopk.reducers.sparse import member_mask
 from gtopk.simulated.reduce import residual_rows

@@ -8,8 +8,9 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers import reference
-from gtopk.reducers.base import ReduceRecord, SparseReducer
+from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.selection import k_for
 from gtopk.reducers.selector import Selector

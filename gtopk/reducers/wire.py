@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import index_bytes
+from gtopk.reducers.record import ReduceRecord
 
 
 class SparseCodec:

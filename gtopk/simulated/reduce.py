@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.base import ReduceRecord
 from gtopk.reducers.costmodel import dense_traffic, gtopk_traffic, topk_traffic
+from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.schedules import recursive_doubling_local, tree_reduce_local
 from gtopk.reducers.selection import k_for
 from gtopk.reducers.selector import Picks

@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 
 from gtopk.host import heartbeat
 from gtopk.records.rundir import RunDir
-from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.record import ReduceRecord
 from gtopk.simulated.batched import BatchedGradients, use_batched
 from gtopk.simulated.reduce import residual_matrix
 from gtopk.train.backward import Backward

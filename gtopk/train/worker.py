@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from gtopk.host import Clock, heartbeat, one_thread
-from gtopk.reducers.base import ReduceRecord
+from gtopk.reducers.record import ReduceRecord
 from gtopk.train.backward import Backward
 from gtopk.train.data import build_loader
 from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard

@@ -102,9 +102,10 @@ def test_no_finished_run_is_a_one_line_error(tmp_path):
 
 def test_reproduce_scale_analyses_the_experiments_whole_grid(monkeypatch):
     from analysis import reproduce
+    from analysis.reproduce import steps
 
     calls = []
-    monkeypatch.setattr(reproduce, "run", calls.append)
+    monkeypatch.setattr(steps, "run", calls.append)
     reproduce.main(["scale", "seed=1"])  # an override narrows the grid the cells are counted in
     (cmd,) = calls
     assert cmd[1:4] == ["-m", "analysis.figures.scale", "runs/fig5_scale"]

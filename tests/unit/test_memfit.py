@@ -14,6 +14,7 @@ import yaml
 
 from analysis import memfit, reproduce
 from analysis.figures import fig6
+from analysis.reproduce import steps
 from tests.unit.test_analysis import runs  # noqa: F401 - a fixture (resnet20 at P = 1, 2, 4)
 
 # MemAvailable 20,971,520 kB = 20,480 MiB; 0.85 of it: 17,408 MiB usable
@@ -48,7 +49,7 @@ def fig6_runs(tmp_path, monkeypatch):
     write_summary(root, "resnet50", 2, "ddp_fp16", mem_private_mb=10.0, mem_shared_mb=10.0, rss_peak_mb=20.0)
     (tmp_path / "meminfo").write_text(MEMINFO)
     monkeypatch.setattr(memfit, "MEMINFO", tmp_path / "meminfo")
-    monkeypatch.setenv("WANDB_MODE", "offline")  # reproduce.export sets it otherwise, for good
+    monkeypatch.setenv("WANDB_MODE", "offline")  # steps.export sets it otherwise, for good
     return root
 
 
@@ -101,13 +102,13 @@ def test_split_respects_the_users_nodes():
 
 
 def sweeps(calls: list[list[str]]) -> list[list[str]]:
-    """The ``run.py -m`` argument lists among the commands ``reproduce.run`` was given."""
+    """The ``run.py -m`` argument lists among the commands ``steps.run`` was given."""
     return [c[3:] for c in calls if c[1] == str(reproduce.ROOT / "run.py")]
 
 
 def test_full_plans_a_sweep_per_p_over_the_models_that_fit(fig6_runs, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(reproduce, "run", calls.append)
+    monkeypatch.setattr(steps, "run", calls.append)
     reproduce.main(["fig6", "--full", "cluster=local"])
     base = ["experiment=fig6_reproduce", "cluster=local"]
     assert sweeps(calls) == [base, base + ["nodes=16", "model=vgg16,resnet20"], base + ["nodes=32", "model=resnet20"]]
@@ -131,7 +132,7 @@ def test_full_plans_a_sweep_per_p_over_the_models_that_fit(fig6_runs, monkeypatc
 
 def test_full_keeps_the_users_models_nodes_and_variants(fig6_runs, monkeypatch):
     calls = []
-    monkeypatch.setattr(reproduce, "run", calls.append)
+    monkeypatch.setattr(steps, "run", calls.append)
     args = [
         "fig6",
         "--full",
@@ -154,7 +155,7 @@ def test_full_keeps_the_users_models_nodes_and_variants(fig6_runs, monkeypatch):
 
 def test_without_full_the_sweep_is_the_experiments(fig6_runs, monkeypatch):
     calls = []
-    monkeypatch.setattr(reproduce, "run", calls.append)
+    monkeypatch.setattr(steps, "run", calls.append)
     reproduce.main(["fig6", "cluster=local"])
     assert sweeps(calls) == [["experiment=fig6_reproduce", "cluster=local"]]
     assert not (fig6_runs / "analysis" / memfit.CSV).exists()
@@ -163,7 +164,7 @@ def test_without_full_the_sweep_is_the_experiments(fig6_runs, monkeypatch):
 def test_no_model_fits_no_sweep(fig6_runs, tmp_path, monkeypatch):
     (tmp_path / "meminfo").write_text("MemAvailable:     102400 kB\n")  # 100 MiB
     calls = []
-    monkeypatch.setattr(reproduce, "run", calls.append)
+    monkeypatch.setattr(steps, "run", calls.append)
     reproduce.main(["fig6", "--full", "cluster=local", "nodes=16,32"])
     assert sweeps(calls) == []
 

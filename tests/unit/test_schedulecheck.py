@@ -13,7 +13,8 @@ import torch.distributed as dist
 import gtopk.reducers.gtopk as gtopk_module
 import gtopk.reducers.topk as topk_module
 from gtopk.perf import schedulecheck as sc
-from gtopk.perf.recorder import BYTES, ROUNDS, Deadlock, RecordedWorld
+from gtopk.perf.cooperative import Deadlock
+from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
 from gtopk.reducers import costmodel as cm
 from gtopk.reducers.wire import SparseCodec
 

@@ -1,0 +1,27 @@
+"""``make reproduce-scale``'s analysis: Fig. 5 at scale on the runs of
+``experiment=fig5_scale`` as they stand (trained job by job by the Makefile target)."""
+
+from __future__ import annotations
+
+import sys
+
+from analysis.reproduce import steps
+from analysis.reproduce.sweep import ROOT, axis, first_job, merged
+
+#: analysis.figures.scale's grid options and the sweep keys they come from; where its copies go
+SCALE_GRID = (("nodes", "nodes"), ("reducers", "reducer"), ("seeds", "seed"))
+SCALE_RESULTS = ROOT / "analysis" / "results" / "fig5_scale"
+
+
+def scale(overrides: list[str]) -> None:
+    """Fig. 5 at scale on the runs of ``experiment=fig5_scale`` (trained by ``make
+    reproduce-scale``; a partial grid too): ``analysis.figures.scale`` with the grid the
+    experiment sweeps (its P, reducers and seeds: the missing cells are named), its outputs in
+    ``<runs>/analysis/`` and their CSV, PNG and markdown copied to ``analysis/results/fig5_scale/``
+    with a provenance file."""
+    overrides = merged(["experiment=fig5_scale"], overrides)
+    runs = first_job(overrides)[0]
+    grid: list[str] = []
+    for flag, key in SCALE_GRID:
+        grid += [f"--{flag}", *axis(overrides, key)]
+    steps.run([sys.executable, "-m", "analysis.figures.scale", str(runs), *grid, "--publish", str(SCALE_RESULTS)])

@@ -1,0 +1,66 @@
+"""The scaling targets (fig6, table4, breakdown; ``scaling`` makes all three): the timed
+jobs of ``runs/fig6_reproduce/`` and the scripts that draw them (docs/reproducing.md, "What
+``make reproduce-fig6`` does", steps 1-4)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from analysis import memfit
+from analysis.reducers import conf_reducers
+from analysis.reproduce import steps
+from analysis.reproduce.sweep import ROOT, axis, merged
+
+DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
+
+#: settings the scaling targets also run as lines of their own (``variant_sweeps``): each over
+#: the reducers of the sweep whose yaml has the key (the sampled threshold: Top-k, gTop-k,
+#: Ok-Topk), labelled by it in the figures (``gtopk selection=sampled``)
+VARIANTS = (("selection", "sampled"),)
+
+SCALING_SCRIPTS = {
+    "fig6": ["fig6", "table4", "breakdown", "commmodel"],  # one run, every scaling output
+    "table4": ["table4"],
+    "breakdown": ["breakdown"],
+    "scaling": ["fig6", "table4", "breakdown", "commmodel"],
+}
+
+
+def variant_sweeps(overrides: list[str], variants=VARIANTS) -> list[list[str]]:
+    """The ``run.py -m`` argument lists that run each (key, value) of ``variants`` over the
+    reducers of the sweep (``axis``) whose ``conf/reducer`` yaml has the key, with the
+    sweep's other axes; none for a setting no reducer of the sweep has."""
+    sweeps = []
+    reducers = axis(overrides, "reducer")
+    for key, value in variants:
+        having = [r for r in reducers if key in conf_reducers().get(r, {})]
+        if having:
+            sweeps.append(merged(overrides, [f"reducer={','.join(having)}", f"reducer.{key}={value}"]))
+    return sweeps
+
+
+def scaling(target: str, overrides: list[str], netbench: list[str], variants=(), full: bool = False) -> None:
+    """Steps 1-4 of docs/reproducing.md ("What make reproduce-fig6 does") for a scaling
+    target, the ``variants`` swept after the experiment (``variant_sweeps``); ``full``: then
+    each P beyond the experiment's (``memfit.split``), its ``run.py -m`` over the models that
+    fit, decided just before it (``memfit.sweep_at``), with its variants."""
+    t0 = time.monotonic()
+    overrides = steps.pick_cluster(merged(DEFAULTS, overrides))
+    runs, net = steps.calibrate(overrides, netbench)
+    base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
+    for nodes in [None, *beyond]:
+        at = base if nodes is None else memfit.sweep_at(overrides, nodes, runs, axis)
+        for sweep in [at, *variant_sweeps(at, variants)] if at else []:
+            steps.run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
+    for script in SCALING_SCRIPTS[target]:
+        steps.run(
+            [sys.executable, "-m", f"analysis.figures.{script}", str(runs), "--network", str(net / "profile.json")]
+        )
+    steps.export(runs)
+    outputs = [f"{s}.csv, {s}.md" if s == "table4" else f"{s}.{{png,pdf,csv}}" for s in SCALING_SCRIPTS[target]]
+    print(
+        f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: {'; '.join(outputs)}. "
+        f"Runs in {runs}/, network profile {net / 'profile.json'}",
+        flush=True,
+    )

@@ -1,0 +1,35 @@
+"""``make validate-model``: the performance model against measurement
+(``experiment=model_validation``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from analysis.reproduce import steps
+from analysis.reproduce.sweep import ROOT, axis, keys, merged
+
+
+def validate(overrides: list[str], netbench: list[str]) -> None:
+    """The performance model against measurement (``experiment=model_validation``): a
+    calibration at each bandwidth of the sweep, the sweep, then ``analysis.payoff.validate`` with
+    every profile, and the wandb export."""
+    from gtopk.run.cluster.netns import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None and "cluster" not in keys(overrides):
+        raise SystemExit(f"validate-model needs the emulated cluster (its bandwidths are the point): {reason}")
+    t0 = time.monotonic()
+    overrides = merged(["experiment=model_validation"], overrides)
+    profiles, runs = [], Path()
+    for bandwidth in axis(overrides, "cluster.bandwidth"):
+        at = [o for o in overrides if "cluster.bandwidth" not in keys([o])] + [f"cluster.bandwidth={bandwidth}"]
+        runs, net = steps.calibrate(at, netbench)
+        profiles += ["--network", str(net / "profile.json")]
+    steps.run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
+    steps.run([sys.executable, "-m", "analysis.payoff.validate", str(runs), *profiles])
+    steps.export(runs)
+    print(
+        f"\nvalidate: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: validation.{{csv,md}}", flush=True
+    )
