@@ -53,7 +53,15 @@ import torch.multiprocessing as mp
 from gtopk import host
 from gtopk.run.cluster.base import Placement
 from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
-from gtopk.run.world import WorkerError, is_loopback, join_group, listen, loopback_env, threads_per_worker
+from gtopk.run.world import (
+    WorkerError,
+    is_loopback,
+    join_group,
+    listen,
+    loopback_env,
+    set_collective_timeout,
+    threads_per_worker,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +133,7 @@ def _worker(
             host.heartbeat()
             try:
                 torch.set_num_threads(task.threads)
-                dist.set_timeout(timedelta(seconds=task.collective_timeout))
+                set_collective_timeout(task.collective_timeout)
                 # plain pickle: tensors are copied, not shared through fds that die with us
                 results.put((rank, True, pickle.dumps(task.fn(rank, nprocs, *task.args))))
             except BaseException:  # noqa: BLE001 - the group ends: reported, then out

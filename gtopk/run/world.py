@@ -162,4 +162,12 @@ def join_group(backend: str, startup_timeout: float, collective_timeout: float, 
         init["device_id"] = torch.device("cuda", gpu)
     dist.init_process_group(backend, timeout=timedelta(seconds=startup_timeout), **init)
     dist.barrier()
-    dist.set_timeout(timedelta(seconds=collective_timeout))
+    set_collective_timeout(collective_timeout)
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """The default group's timeout for every later collective (local: no communication).
+    ``torch.distributed.set_timeout`` came in torch 2.14; older releases (the CUDA images
+    of GPU clusters often lag) have it as ``distributed_c10d._set_pg_timeout``."""
+    set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    set_timeout(timedelta(seconds=seconds))

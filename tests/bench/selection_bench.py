@@ -57,36 +57,52 @@ def candidates(x: torch.Tensor, k: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def round_robin(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Median seconds of each call over ``reps`` rounds; each round calls every one once."""
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def round_robin(
+    calls: dict[str, Callable[[], object]], reps: int, device: torch.device = torch.device("cpu")
+) -> dict[str, float]:
+    """Median seconds of each call over ``reps`` rounds; each round calls every one once.
+    On CUDA the clock is read only after the device has finished (synchronised before and
+    after each call), so a time is the kernels' and the launches', not the launch alone."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for fn in calls.values():  # warm-up: first-touch allocations, lazy init
         fn()
+    _sync(device)
     for _ in range(reps):
         for name, fn in calls.items():
             t0 = time.perf_counter()
             fn()
+            _sync(device)
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def measure(threads: int, reps: int, sizes: dict[str, int] = SIZES) -> list[dict]:
-    """One row per size: medians (s) and the ratios to ``abs_max``, at ``threads`` threads."""
+def measure(
+    threads: int, reps: int, sizes: dict[str, int] = SIZES, device: torch.device = torch.device("cpu")
+) -> list[dict]:
+    """One row per size: medians (s) and the ratios to ``abs_max``, at ``threads`` threads,
+    the tensors on ``device``."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows = []
     try:
         for model, m in sizes.items():
-            x, k = make_input(m), int(DENSITY * m)
-            med = round_robin(candidates(x, k), reps)
-            pair = make_sparse_pair(m, k)
-            med["merge"] = round_robin({"merge": lambda pair=pair, k=k: merge(*pair, k)}, reps)["merge"]
+            x, k = make_input(m).to(device), int(DENSITY * m)
+            med = round_robin(candidates(x, k), reps, device)
+            pair = tuple(t.to(device) for t in make_sparse_pair(m, k))
+            merged = {"merge": lambda pair=pair, k=k: merge(*pair, k)}
+            med["merge"] = round_robin(merged, reps, device)["merge"]
             rows.append(
                 {
                     "model": model,
                     "m": m,
                     "k": k,
                     "threads": threads,
+                    "device": str(device),
                     **med,
                     "ratio_topk_indices": med["topk_indices"] / med["abs_max"],
                     "ratio_torch_topk": med["torch_topk"] / med["abs_max"],
@@ -159,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="thread counts to measure (default: torch's default, then 1)",
     )
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the vectors live")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows to PATH")
     ap.add_argument("--from-json", metavar="PATH", help="print the medians of a `make bench` JSON file instead")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -176,10 +194,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"{harness.get('loadavg_1min_after', float('nan')):.1f} after)"
             )
         return
+    device = torch.device(args.device)
     threads = args.threads or sorted({torch.get_num_threads(), 1}, reverse=True)
-    rows = [row for t in threads for row in measure(t, args.reps)]
-    print(f"torch {torch.__version__}, fp32, k = int({DENSITY} m), medians of {args.reps} round-robin rounds")
+    rows = [row for t in threads for row in measure(t, args.reps, device=device)]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"torch {torch.__version__}, {where}, fp32, k = int({DENSITY} m), medians of {args.reps} round-robin rounds")
     print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "device": where, "reps": args.reps, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
