@@ -251,7 +251,9 @@ def images_per_step(cfg: Any) -> int:
 
 
 def profile_t_compute(profile: str, cfg: Any) -> float:
-    """t_compute of this job's model and batch from ``profile`` (p102, local or a path)."""
+    """t_compute of this job's model and batch from ``profile`` (p102, local or a path). A
+    profile named by path may be another machine's: where it has no entry for this job's
+    device, its one entry for the model and batch on another device is replayed."""
     model, images = cfg.model_name, images_per_step(cfg)
     if profile == "p102":
         table = single_node_throughput()
@@ -263,7 +265,17 @@ def profile_t_compute(profile: str, cfg: Any) -> float:
         return images / table[model]
     path = profiles.LOCAL_PROFILE if profile == "local" else Path(profile)
     key = profile_key(cfg)
-    entry = read_profile(path).get(key)
+    table = read_profile(path)
+    entry = table.get(key)
+    if entry is None and profile != "local":
+        # another machine's profile (a GPU's, say) replayed here: its device, not this job's
+        same = {k: v for k, v in table.items() if k.rsplit("/", 1)[0] == key.rsplit("/", 1)[0]}
+        if len(same) > 1:
+            raise ProfileError(
+                f"compute.profile={profile}: {path} has {', '.join(sorted(same))} for this model and batch "
+                f"and none for {key!r}; keep one device's entries in the file"
+            )
+        entry = next(iter(same.values()), None)
     if entry is None and profile == "local":
         raise MissingLocalProfile(
             f"compute.profile=local: {path} has no entry {key!r}; run.py measures it at P = 1 before the job starts",
