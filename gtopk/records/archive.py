@@ -8,7 +8,9 @@ and rank 0's iteration rows, gzipped (``iters.rank0.jsonl.gz``). ``restore`` put
 back under the runs folder, where a re-run of the sweep skips them as finished (their
 ``summary.json`` carries the config's fingerprint, checked as for any job:
 ``gtopk.records.identity``). A restored job has rank 0's iteration rows only: analyses
-that read every rank (the residual spread of ``fig5_gap``) see one rank there.
+that read every rank (the residual spread of ``fig5_gap``) see one rank there; it keeps no
+checkpoint, so it cannot be trained longer (``gtopk.records.extension``). A job trained
+longer replaces its archived shorter copy; a shorter copy never replaces a longer one.
 
 Local file work only; nothing is collective.
 
@@ -24,6 +26,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from gtopk.records.extension import TRAIN_EPOCHS, identity_of, replaces
+from gtopk.records.identity import setting
 from gtopk.records.rundir import ATTEMPTS, CONFIG, EPOCHS, IDENTITY, SUMMARY, RunDir, finished
 
 #: the files of a finished job that its analysis reads (besides rank 0's rows)
@@ -36,13 +40,27 @@ def _fingerprint(run: RunDir) -> str | None:
     return None if summary is None else summary.get("fingerprint")
 
 
+def _identity(run: RunDir) -> dict | None:
+    """The identity of the finished job in ``run`` (None: not recorded, an older record)."""
+    return identity_of(run, _fingerprint(run))
+
+
 def save(runs: Path, archive: Path) -> list[Path]:
     """Copy every finished job under ``runs`` that the archive lacks (or holds with another
-    fingerprint) into ``archive`` at the same relative path. Returns the jobs copied."""
+    fingerprint) into ``archive`` at the same relative path; but never a job over the same
+    cell trained for more epochs (``extension.replaces``: a run trained longer replaces its
+    shorter copy, not the other way round; one line says so). Returns the jobs copied."""
     copied = []
     for run in finished([runs]):
         dest = RunDir(archive / run.path.relative_to(runs))
         if dest.path.is_dir() and _fingerprint(dest) == _fingerprint(run) and (dest.path / ROWS).is_file():
+            continue
+        if dest.path.is_dir() and not replaces(kept := _identity(dest), new := _identity(run)):
+            print(
+                f"archive: {dest.path} holds this job trained for {setting(kept, TRAIN_EPOCHS)} epochs; "
+                f"{run.path} ({setting(new, TRAIN_EPOCHS)} epochs) is not saved over it",
+                file=sys.stderr,
+            )
             continue
         tmp = dest.path.with_name(dest.path.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)

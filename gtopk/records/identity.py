@@ -13,6 +13,9 @@ The job therefore binds what it leaves to the settings that made it:
 * ``verdict(run_dir, ident)`` (local, read-only): whether the folder is finished with these
   settings (skip), holds work of other settings (refuse, naming the first settings that
   differ and ``rerun=true``), or is free to run or resume.
+* a finished training run of the same settings but fewer ``train.epochs`` is trained longer
+  where that is exact (``gtopk.records.extension``; ``identity.json`` then also records,
+  under ``extends``, the identity it continues).
 * ``move_aside(run_dir)``: ``rerun=true`` moves the old result into ``superseded/<time>/``
   (never deletes it). ``quarantine(path)``: an unreadable record is renamed aside.
 
@@ -46,6 +49,7 @@ NEUTRAL = (
     "rerun",
     "attempt",
     "fingerprint",
+    "extends",  # the workers' note of the run a job trains longer (gtopk.records.extension)
     "fault",  # fault.kind=nan changes the result: kept then (``identity``)
 )
 #: keys the job fills in after the skip decision (device/backend ``auto`` resolved,
@@ -140,6 +144,18 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def setting(tree: dict, dotted: str) -> Any:
+    """The value of setting ``dotted`` in an identity (None when it has none)."""
+    value = _get(tree, dotted)
+    return None if value is _MISSING else value
+
+
+def differing_keys(old: dict, new: dict) -> list[str]:
+    """The settings (dotted keys, a list's key once) whose values differ, in key order."""
+    a, b = _flat(old), _flat(new)
+    return [k for k in sorted(set(a) | set(b)) if a.get(k, _MISSING) != b.get(k, _MISSING)]
+
+
 def differences(old: dict, new: dict, lenient: bool = False) -> list[str]:
     """``key: old -> new`` for each setting that differs, in key order. ``lenient`` (a
     record from before identities: its config.yaml, resolved): keys the job resolves later
@@ -161,6 +177,7 @@ class Verdict:
     action: str  # "run" (nothing there: start, or resume a matching checkpoint) | "skip" | "refuse"
     why: str = ""  # refuse: the first settings that differ and what holds them
     value: float | None = None  # skip: the finished job's images/s per worker
+    extends: Any = None  # run: the finished run it trains longer (gtopk.records.extension.Extension)
 
 
 def recorded_identity(run: RunDir) -> tuple[dict | None, bool]:
@@ -217,11 +234,14 @@ def verdict(run_dir: Path, ident: dict, saved_fingerprint: str | None = None, ha
     )
 
 
-def write_identity(run_dir: Path, ident: dict) -> None:
-    """Record the identity the folder's work is now done with (atomically)."""
-    write_json_atomic(
-        run_dir / IDENTITY, {"identity": ident, "fingerprint": fingerprint(ident), "code": code_version()}
-    )
+def write_identity(run_dir: Path, ident: dict, extends: dict | None = None) -> None:
+    """Record the identity the folder's work is now done with (atomically); ``extends``
+    (a run trained longer): the identity and fingerprint of the finished run it continues
+    (``gtopk.records.extension``)."""
+    record = {"identity": ident, "fingerprint": fingerprint(ident), "code": code_version()}
+    if extends is not None:
+        record["extends"] = extends
+    write_json_atomic(run_dir / IDENTITY, record)
 
 
 def move_aside(run_dir: Path) -> Path:

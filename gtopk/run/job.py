@@ -5,7 +5,9 @@ A job's identity is its resolved config (``gtopk.records.identity``). First, bef
 check that needs the machine, the run directory decides: finished with the same settings,
 the job is skipped (so re-running a sweep resumes it); holding a result or checkpoint of
 other settings, it is refused in one line naming the settings that differ, unless
-``rerun=true`` moves the old result aside; an unreadable ``summary.json`` is quarantined and
+``rerun=true`` moves the old result aside; a finished training run of the same cell with
+fewer epochs is trained longer from its last checkpoint where that is exact, else refused
+naming why (``gtopk.records.extension``); an unreadable ``summary.json`` is quarantined and
 the job runs again. Then everything that can be checked without processes is checked,
 before any is spawned (``gtopk.run.checks``: a one-line error naming the setting and the
 fix). A job runs under its run directory's lock, and a failed one is recorded and, in a
@@ -26,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from gtopk.records.extension import Extension, consider, continued
 from gtopk.records.identity import Verdict, fingerprint, identity, move_aside, quarantine, verdict, write_identity
 from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir
 from gtopk.run import checks, runner
@@ -138,12 +141,12 @@ def run_job(cfg: DictConfig) -> float | None:
                     now = decide(run_dir, ident, cfg, settle=world[0] == 0 and refusal is None)
                     if now.action == "skip":
                         return skipped(run_dir, now.value)
-                    return _run(cfg, run_dir, ident, refusal)
+                    return _run(cfg, run_dir, ident, refusal, now.extends)
             with job_lock(run_dir):
                 now = decide(run_dir, ident, cfg, settle=True)  # again, under the lock
                 if now.action == "skip":
                     return skipped(run_dir, now.value)
-                return _run(cfg, run_dir, ident)
+                return _run(cfg, run_dir, ident, extends=now.extends)
         except BaseException:
             runner.close()  # a failed job leaves no workers behind: the next job starts afresh
             raise
@@ -191,8 +194,10 @@ def job_identity(cfg: DictConfig) -> dict:
 def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) -> Verdict:
     """What the run directory holds for this job (local). ``settle`` (under the job's lock,
     or on torchrun's rank 0): an unreadable ``summary.json`` is quarantined, and with
-    ``rerun=true`` a result of other settings is moved aside. Raises ``OtherSettings``
-    when such a result stays."""
+    ``rerun=true`` a result of other settings is moved aside. Without it, a finished run
+    of the same cell with fewer epochs is trained longer (``Verdict.extends``:
+    ``gtopk.records.extension``). Raises ``OtherSettings`` when a result of other
+    settings stays."""
     rerun = check_rerun(cfg.get("rerun", False))
     run = RunDir(run_dir)
     if settle and run.summary.exists():
@@ -206,7 +211,10 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
     if v.action != "refuse":
         return v
     if not rerun:
-        raise OtherSettings(v.why)
+        longer = consider(run_dir, ident, gen)
+        if isinstance(longer, Extension):
+            return Verdict("run", extends=longer)
+        raise OtherSettings(longer or v.why)
     if settle:
         dest = move_aside(run_dir)
         print(f"rerun=true: the result of other settings moved to {dest}", flush=True)
@@ -235,21 +243,30 @@ def resolve_compute(cfg: DictConfig) -> None:
         cfg.compute.update(settings)
 
 
-def _run(cfg: DictConfig, run_dir: Path, ident: dict, refusal: JobBusy | None = None) -> float | None:
+def _run(
+    cfg: DictConfig, run_dir: Path, ident: dict, refusal: JobBusy | None = None, extends: Extension | None = None
+) -> float | None:
     """The job itself (under its lock; under torchrun, rank 0 holds it or ``refusal`` says
-    why not), its run directory free or holding work of the same settings (``decide``)."""
+    why not), its run directory free or holding work of the same settings, or a finished
+    run that it trains longer (``extends``; ``decide``)."""
     summary_path = run_dir / SUMMARY
     backend = settle_placement(cfg)
     resolve_compute(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    cfg_dict["fingerprint"] = fingerprint(ident)
+    cfg_dict["fingerprint"] = fp = fingerprint(ident)
     run_dir.mkdir(parents=True, exist_ok=True)
     world = torchrun_world()
+    # the finished run this job continues, kept in identity.json while its checkpoint may be loaded
+    carried = continued(run_dir, fp) if extends is None else extends.carried()
+    if carried:
+        cfg_dict["extends"] = {"fingerprint": carried["fingerprint"]}  # its checkpoint resumes (Ranks.extends)
     if world is None:
-        cfg_dict["attempt"] = attempt = start_attempt(run_dir)
+        cfg_dict["attempt"] = attempt = start_attempt(run_dir, extends and {"extended": extends.attempt()})
         again = f", attempt {attempt}" if attempt > 1 else ""
         print(f"{job_position()}: {run_dir} ({cfg.nodes} workers, {backend}{again})", flush=True)
-        write_identity(run_dir, ident)
+        if extends:
+            print(f"extending the finished run of {extends.old_epochs} epochs to {extends.new_epochs}", flush=True)
+        write_identity(run_dir, ident, carried)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         cluster = instantiate(cfg.cluster)  # its processes run its entry (cluster=simulated: one for all)
         summary = run_on_cluster(
@@ -269,7 +286,7 @@ def _run(cfg: DictConfig, run_dir: Path, ident: dict, refusal: JobBusy | None = 
                 f"cluster={cfg.cluster_name} under torchrun: torchrun's world is the cluster; pass cluster=local"
             )
         if rank == 0 and refusal is None:  # rank 0 holds run_dir's lock (torchrun_lock)
-            write_identity(run_dir, ident)
+            write_identity(run_dir, ident, carried)
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         join_group(backend, cfg.timeout_s, cfg.collective_timeout_s)
         try:

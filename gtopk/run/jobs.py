@@ -124,11 +124,12 @@ def agree_on_lock(refusal: JobBusy | None) -> None:
         raise verdict[0]
 
 
-def start_attempt(run_dir: Path) -> int:
-    """Record a new attempt of the job (call while holding its lock); returns its number."""
+def start_attempt(run_dir: Path, note: dict | None = None) -> int:
+    """Record a new attempt of the job (call while holding its lock); returns its number.
+    ``note``: more fields of its row (a run trained longer: ``extended``)."""
     attempt = len(read_jsonl(run_dir / ATTEMPTS)) + 1
     with open(run_dir / ATTEMPTS, "a") as f:
-        row = {"attempt": attempt, "pid": os.getpid(), "started": time.time(), "commit": git_commit()}
+        row = {"attempt": attempt, "pid": os.getpid(), "started": time.time(), "commit": git_commit(), **(note or {})}
         f.write(json.dumps(row) + "\n")
     (run_dir / FAILED).unlink(missing_ok=True)
     return attempt

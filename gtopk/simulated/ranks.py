@@ -126,10 +126,11 @@ class SimulatedRanks(Ranks):
         w.store.save_all(epoch, states(), self.cfg.get("fingerprint"))
 
     def load(self) -> tuple[int, dict | None]:
-        """Resume from the newest generation intact on every rank (``Store.load_all``):
-        (next epoch, its metrics), or (0, None)."""
+        """Resume from the newest generation intact on every rank (``Store.load_all``; one
+        of the finished run this job trains longer too, ``extends``): (next epoch, its
+        metrics), or (0, None)."""
         w = self.w
-        chosen, states = w.store.load_all(self.cfg.get("fingerprint"), w.device)
+        chosen, states = w.store.load_all(self.cfg.get("fingerprint"), w.device, self.extends)
         if chosen is None:
             return 0, None
         for rank, state in enumerate(states):

@@ -172,12 +172,15 @@ class Store:
             self.link(epoch, rank)
         self.prune(set(self.complete))
 
-    def load_all(self, fingerprint: str | None, device: torch.device | str = "cpu") -> tuple[dict | None, list[dict]]:
+    def load_all(
+        self, fingerprint: str | None, device: torch.device | str = "cpu", extends: str | None = None
+    ) -> tuple[dict | None, list[dict]]:
         """One process for all ranks: the newest generation whose files all match its
         manifest (else the old layout's, else None) and every rank's state of it; the
-        generations not kept are removed (incomplete, not matching, older than two)."""
+        generations not kept are removed (incomplete, not matching, older than two).
+        ``extends``: a fingerprint accepted besides ``fingerprint`` (``check_settings``)."""
         manifests = self.manifests()
-        check_settings(manifests, self.world, fingerprint, self.run)
+        check_settings(manifests, self.world, fingerprint, self.run, extends)
         valid = [all(self.matches(m, r) for r in range(self.world)) for m in manifests]
         chosen, keep = choose(manifests, valid)
         if chosen is None:
@@ -261,14 +264,17 @@ def legacy_manifest(epochs: list[int], run: RunDir) -> dict | None:
     return {"format": 0, "epoch": epochs[0], "world": len(epochs), "fingerprint": None, "legacy": True, "files": []}
 
 
-def check_settings(manifests: list[dict], world: int, fingerprint: str | None, run: RunDir) -> None:
+def check_settings(
+    manifests: list[dict], world: int, fingerprint: str | None, run: RunDir, extends: str | None = None
+) -> None:
     """Raise if a generation was written by other settings: another world size, or a
-    fingerprint other than ``fingerprint`` (when both are known)."""
+    fingerprint other than ``fingerprint`` (when both are known) or ``extends`` (the
+    fingerprint of the finished run that this job trains longer: ``gtopk.records.extension``)."""
     for m in manifests:
         where = run.generation(m["epoch"])
         if m["world"] != world:
             raise RuntimeError(f"{where} holds a checkpoint of {m['world']} ranks; this job has {world}")
-        if m["fingerprint"] is not None and fingerprint is not None and m["fingerprint"] != fingerprint:
+        if m["fingerprint"] is not None and fingerprint is not None and m["fingerprint"] not in (fingerprint, extends):
             raise RuntimeError(
                 f"{where} holds a checkpoint of other settings (config fingerprint {m['fingerprint']}); "
                 f"this job's is {fingerprint}"

@@ -31,7 +31,7 @@ from gtopk.train.budget import timed_steps
 from gtopk.train.device import pick_device
 from gtopk.train.memory import rank_memory, reset_peak_rss
 from gtopk.train.ranks import Ranks, RealRanks
-from gtopk.train.recipe import DensitySchedule, LRSchedule
+from gtopk.train.recipe import schedules
 from gtopk.train.worker import Worker
 
 
@@ -123,8 +123,7 @@ def benchmark(ranks: Ranks, cfg: DictConfig, logger, progress: Progress) -> None
 def train(ranks: Ranks, cfg: DictConfig, logger, progress: Progress) -> None:
     """Epochs from the last checkpoint on: steps under the LR and density schedules, then
     evaluation, the checkpoint generation, and the epoch's row in ``epochs.jsonl``."""
-    lr_at = LRSchedule(cfg.model.lr, ranks.world, cfg.model.lr_warmup_epochs, tuple(cfg.model.lr_milestones))
-    density_at = DensitySchedule(cfg.density, cfg.train.density_warmup.density, cfg.train.density_warmup.epochs)
+    lr_at, density_at = schedules(cfg, ranks.world)  # what a job trained longer compares (gtopk.records.extension)
     run_dir = RunDir(ranks.run_dir)
     start, saved = ranks.load()  # the next epoch to run (0 when starting fresh; gtopk.train.checkpoint)
     if start:

@@ -54,6 +54,14 @@ class Ranks(ABC):
         """The first hosted rank's rows so far (rank 0's where this process leads)."""
         return self.hosted[0].records.rows
 
+    @property
+    def extends(self) -> str | None:
+        """The fingerprint of the finished run this job trains longer (``cfg.extends``, set
+        by ``gtopk.run.job``: ``gtopk.records.extension``), whose checkpoint it resumes from;
+        None for any other job."""
+        node = self.cfg.get("extends")
+        return None if node is None else node.get("fingerprint")
+
     # -- what every kind does alike (local) ---------------------------------------------
     def steps_per_epoch(self) -> int:
         """Steps of one epoch: whole ``grad_accum`` groups of a shard, at most
@@ -154,7 +162,7 @@ class RealRanks(Ranks):
     def load(self) -> tuple[int, dict | None]:
         """Collective (``Checkpoints.load``)."""
         w = self.w
-        self.ckpt = Checkpoints(RunDir(w.run_dir), w.rank, w.world, self.cfg.get("fingerprint"))
+        self.ckpt = Checkpoints(RunDir(w.run_dir), w.rank, w.world, self.cfg.get("fingerprint"), self.extends)
         start = self.ckpt.load(w)
         return start, self.ckpt.metrics
 

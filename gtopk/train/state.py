@@ -115,8 +115,9 @@ class Checkpoints:
     0's manifest. Files of older formats (the residual under ``"residual"``; no RNG; the one
     file per rank of the layout before generations) load too."""
 
-    def __init__(self, run: RunDir, rank: int, world: int, fingerprint: str | None = None):
+    def __init__(self, run: RunDir, rank: int, world: int, fingerprint: str | None = None, extends: str | None = None):
         self.store, self.rank, self.world, self.fingerprint = Store(run, world), rank, world, fingerprint
+        self.extends = extends  # a job that trains a finished run longer: that run's fingerprint (rank 0's counts)
         self.metrics: dict | None = None
         run.checkpoints.mkdir(parents=True, exist_ok=True)
 
@@ -135,11 +136,12 @@ class Checkpoints:
 
     def load(self, w) -> int:
         """Collective. Resume from the newest generation complete and intact on every rank
-        (0: none); generations that are not are removed."""
-        found = [self.store.manifests() if self.rank == 0 else None]
+        (0: none); generations that are not are removed. A generation of the finished run
+        this job trains longer (rank 0's ``extends``) resumes as one of its own."""
+        found = [(self.store.manifests(), self.extends) if self.rank == 0 else None]
         dist.broadcast_object_list(found, src=0)
-        manifests = found[0]
-        check_settings(manifests, self.world, self.fingerprint, self.store.run)  # the same verdict everywhere
+        manifests, extends = found[0]
+        check_settings(manifests, self.world, self.fingerprint, self.store.run, extends)  # the same verdict everywhere
         mine = ([self.store.matches(m, self.rank) for m in manifests], self.store.legacy_epoch(self.rank))
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, mine)
