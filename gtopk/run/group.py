@@ -24,6 +24,11 @@ one-shot form (a group for one task). What the group guarantees:
 * Workers die with their parent (PR_SET_PDEATHSIG); while the group lives, SIGTERM and
   SIGHUP of the parent raise ``SystemExit`` in it (Ctrl-C raises KeyboardInterrupt), and
   whatever ends the parent ends the workers first (``close`` also runs at exit).
+* ``start_method``: ``forkserver`` (the default where the platform has it) forks the workers
+  from a server that has imported torch once (``gtopk.run.forkserver``): the ranks share
+  those pages. The server exits when the launcher does (SIGKILL included), and with it
+  the workers (their parent); each worker is handed the launcher's environment, stdout,
+  stderr, CPU affinity and niceness as they are when the group starts, as under ``spawn``.
 """
 
 from __future__ import annotations
@@ -48,9 +53,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+import torch.multiprocessing  # noqa: F401 - its tensor reductions for the queues, as before
 
 from gtopk import host
+from gtopk.run import forkserver
 from gtopk.run.cluster.base import Placement
 from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
 from gtopk.run.world import (
@@ -73,7 +79,8 @@ class _Setup:
     collective_timeout: float
     beats: Any
     stack_dir: str
-    parent: int
+    parent: int  # the workers' parent: the launcher (spawn) or its fork server
+    handover: forkserver.Handover
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +109,8 @@ def _worker(
     host.die_with_parent()
     if os.getppid() != setup.parent:  # the parent died before PR_SET_PDEATHSIG took effect
         os._exit(1)
+    forkserver.leave_server()  # else a forked worker would keep its server, hence itself, alive
+    setup.handover.apply()  # what a spawned worker takes from the launcher: its environment first
     host.watch(setup.beats, rank)
     host.heartbeat()  # imports done: the watchdog counts from here
     _stack_file = open(Path(setup.stack_dir) / f"rank{rank}.txt", "w")
@@ -164,7 +173,10 @@ class WorkerGroup:
     thread count; ``grace``: how long the others get to report after the first failure.
     ``placement`` (from ``gtopk.run.cluster``) says where each rank runs; default loopback,
     where ``port`` (0: a free one) is bound here and passed to rank 0 already bound.
-    Raises ``WorkerError`` if a rank fails to start (nothing is left running then).
+    ``start_method``: ``forkserver`` or ``spawn`` (None: ``GTOPK_START_METHOD``, else
+    forkserver where the platform has it); ``self.start_method`` is the one used
+    (``gtopk.run.forkserver.context``). Raises ``WorkerError`` if a rank fails to start
+    (nothing is left running then).
     """
 
     def __init__(
@@ -178,9 +190,11 @@ class WorkerGroup:
         port: int = 0,
         threads: int | None = None,
         startup_timeout: float | None = None,
+        start_method: str | None = None,
     ):
         if nprocs < 1:
             raise ValueError(f"nodes={nprocs} must be >= 1")
+        ctx, parent, self.start_method = forkserver.context(start_method)
         # under time dilation D (``placement.dilation``) the workers run D times slower: every limit is D times longer
         self.dilation = placement.dilation if placement else 1
         self.nprocs, self.timeout, self.grace = nprocs, float(timeout) * self.dilation, float(grace)
@@ -199,12 +213,17 @@ class WorkerGroup:
         self._exit.callback(lambda: sock and sock.close())
         self._stack_dir = self._exit.enter_context(tempfile.TemporaryDirectory(prefix="gtopk-stacks-"))
         self._exit.enter_context(signals_stop())
-        ctx = mp.get_context("spawn")
         self._results = ctx.Queue()
         self._tasks = [ctx.SimpleQueue() for _ in range(nprocs)]
         self._beats = ctx.Array("d", [time.monotonic()] * nprocs, lock=False)
         setup = _Setup(
-            backend, self.startup_timeout, self.collective_timeout, self._beats, self._stack_dir, os.getpid()
+            backend,
+            self.startup_timeout,
+            self.collective_timeout,
+            self._beats,
+            self._stack_dir,
+            parent,
+            forkserver.Handover.now(),
         )
         # not daemonic: a rank may start DataLoader workers; close() and each rank's
         # PR_SET_PDEATHSIG make sure none outlives the group

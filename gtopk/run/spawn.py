@@ -1,6 +1,6 @@
 """Start P worker processes on this machine, each in a torch.distributed world.
 
-``spawn(fn, nprocs, args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` fresh
+``spawn(fn, nprocs, args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` new
 processes joined in one process group (gloo on loopback by default), and returns the
 ranks' return values in rank order: a ``gtopk.run.group.WorkerGroup`` for one task (a
 group runs many). The launcher's primitives (``WorkerError``, ``listen``, ``join_group``,
@@ -23,6 +23,9 @@ behind, whatever happens:
 * Workers die with their parent (PR_SET_PDEATHSIG), and SIGTERM or Ctrl-C of the parent
   stops them before it exits. Process groups are created and destroyed explicitly in
   each worker (try/finally).
+* Where the platform has it (Linux) the workers are forked from a fork server that has
+  imported torch once (``start_method``, ``gtopk.run.forkserver``): they share those pages,
+  and get the parent's environment as it is when ``spawn`` is called.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def spawn(
     placement: Placement | None = None,
     collective_timeout: float | None = None,
     port: int = 0,
+    start_method: str | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` processes; return results by rank.
 
@@ -61,8 +65,17 @@ def spawn(
     ``grace``: how long the others get to report after the first failure.
     ``placement`` (from ``gtopk.run.cluster``) says where each rank runs; default: loopback,
     where ``port`` (0: a free one) is bound here and passed to rank 0 already bound.
+    ``start_method``: ``forkserver`` or ``spawn`` (``WorkerGroup``'s default: forkserver
+    where the platform has it, unless ``GTOPK_START_METHOD`` says).
     """
     with WorkerGroup(
-        nprocs, backend, timeout, grace, placement, collective_timeout=collective_timeout, port=port
+        nprocs,
+        backend,
+        timeout,
+        grace,
+        placement,
+        collective_timeout=collective_timeout,
+        port=port,
+        start_method=start_method,
     ) as group:
         return group.run(fn, args, timeout=timeout)
