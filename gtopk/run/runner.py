@@ -5,8 +5,9 @@ network benchmark (``gtopk.perf.netbench``) all run their per-rank functions thr
 It keeps at most one live ``WorkerGroup`` in this process, with the cluster it runs on
 (``cluster.up(P)``: the emulated network's namespaces stay up as long as the group
 lives). A call whose ``GroupSpec`` equals the live group's reuses it: the P worker
-processes start once for all the jobs of one P in a sweep (on a 2-core machine that
-start-up, P interpreters importing torch, takes about 20 s at P = 1 and 60 s at P = 8).
+processes start once for all the jobs of one P in a sweep (from the fork server a later
+group starts in 0.1 s at P = 2 and 0.5 s at P = 8 on the 2-core machine, spawned 7 and 16 s:
+docs/cluster.md, "Memory per rank").
 Otherwise the live group is closed and a new one started.
 
 The group is closed: when a call does not ask to keep it (``keep=False``: a single run,
