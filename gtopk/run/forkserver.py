@@ -27,6 +27,7 @@ import multiprocessing
 import multiprocessing.forkserver as mp_forkserver
 import os
 import re
+import sys
 import threading
 from multiprocessing import reduction
 from typing import Any
@@ -44,8 +45,12 @@ PRELOAD = (
     "gtopk.simulated.ranks",
     "gtopk.run.preloaded",  # last: freezes what the others imported (gc.freeze)
 )
-#: environment variables read when torch and its libraries are loaded, not when used
-IMPORT_TIME = re.compile(r"^(OMP_|GOMP_|KMP_|MKL_|OPENBLAS_|TORCH|PYTORCH|LD_|PYTHON|MALLOC_|GLIBC_TUNABLES$)")
+#: environment variables read when torch's native libraries or the interpreter are loaded,
+#: not when used. Not TORCH*/PYTORCH*: torch reads those when a feature starts (after the
+#: hand-over), and sets some itself on import (``TORCHINDUCTOR_CACHE_DIR`` by torch._dynamo):
+#: matching them made a launcher that imported torch._dynamo after the server started spawn
+#: every later group (ResNet-20 ranks of a Fig. 6 sweep held 506 MiB of their own, not 39)
+IMPORT_TIME = re.compile(r"^(OMP_|GOMP_|KMP_|MKL_|OPENBLAS_|LD_|MALLOC_|GLIBC_TUNABLES$|PYTHONHASHSEED$|PYTHONMALLOC$)")
 
 _lock = threading.Lock()
 _server: tuple[int, dict[str, str]] | None = None  # (pid, import-time environment) of the server we saw start
@@ -84,8 +89,15 @@ def context(method: str | None) -> tuple[Any, int, str]:
             pid = server._forkserver_pid
             if _server is None or _server[0] != pid:  # (re)started now: it has this environment
                 _server = (pid, import_time_env(os.environ))
-            if import_time_env(os.environ) == _server[1]:
+            now = import_time_env(os.environ)
+            if now == _server[1]:
                 return multiprocessing.get_context("forkserver"), pid, "forkserver"
+            changed = sorted(k for k in now.keys() | _server[1].keys() if now.get(k) != _server[1].get(k))
+            print(
+                f"note: workers spawned, not forked from the fork server: {', '.join(changed)} changed since it "
+                "started (read when torch loads); a rank then holds its own copy of torch (docs/cluster.md)",
+                file=sys.stderr,
+            )
     return multiprocessing.get_context("spawn"), os.getpid(), "spawn"
 
 
