@@ -21,8 +21,9 @@ The command line itself (malformed overrides, unknown choices, ``name``): ``gtop
 its own machine): on CUDA every rank needs a GPU of its own (NCCL refuses two ranks on one),
 so ``nodes`` may not exceed the GPU count; and ``nodes`` workers must fit in physical memory by a deliberately low
 estimate — ``WORKER_BASE_MB`` of private memory per worker process (Python, torch, gloo:
-about 370 MB measured on CPU) plus ``BYTES_PER_PARAM`` per model parameter when the model
-lives in host memory (fp32 weights, gradient, momentum, flat gradient, update, residual,
+about 370 MB measured on CPU; workers forked from the fork server, ``gtopk.run.forkserver``,
+share those pages: ``WORKER_BASE_MB`` once and ``FORKED_WORKER_MB`` each) plus
+``BYTES_PER_PARAM`` per model parameter when the model lives in host memory (fp32 weights, gradient, momentum, flat gradient, update, residual,
 accumulator, scratch). Activations are not counted, so passing the check does not
 promise that the job fits; failing it means it certainly does not. Each worker also
 needs a socket per peer: ``nodes`` + 256 must stay below the open-file limit.
@@ -38,7 +39,7 @@ import torch
 from omegaconf import OmegaConf
 
 from gtopk.reducers import validate_density
-from gtopk.run import settings
+from gtopk.run import forkserver, settings
 from gtopk.run.nodes import build, buildable, meta_net
 from gtopk.run.settings import ConfigError, is_int, one_line, shown
 from gtopk.run.world import listen
@@ -48,6 +49,9 @@ MODES = ("benchmark", "train")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 WORKER_BASE_MB = 350
+#: what a worker forked from the fork server holds of its own besides the model's share: a
+#: ResNet-20 gTop-k rank held 39 MiB private in all, 8.6 of them BYTES_PER_PARAM x its params
+FORKED_WORKER_MB = 24
 BYTES_PER_PARAM = 32
 FDS_PER_WORKER_SPARE = 256
 
@@ -222,12 +226,17 @@ def machine_fits(cfg: Any, device: str, processes: int | None = None) -> None:
     nodes = cfg.nodes if processes is None else processes
     fix = "use fewer nodes, or torchrun to spread the workers over several machines"
     gpus_fit(device, nodes)
-    per_worker = WORKER_BASE_MB * 2**20 + (0 if device == "cuda" else BYTES_PER_PARAM * count_params(cfg))
+    model = 0 if device == "cuda" else BYTES_PER_PARAM * count_params(cfg)
+    forked = forkserver.expected_method() == "forkserver"
+    once = WORKER_BASE_MB * 2**20 if forked else 0
+    per_worker = (FORKED_WORKER_MB if forked else WORKER_BASE_MB) * 2**20 + model
     total = memory_total()
-    if total and nodes * per_worker > total:
+    if total and once + nodes * per_worker > total:
+        shared = f" + {WORKER_BASE_MB} MiB shared by the workers of the fork server" if forked else ""
         raise ConfigError(
-            f"nodes={nodes} workers need at least {nodes * per_worker / 2**30:.1f} GiB ({per_worker / 2**20:.0f} MiB "
-            f"each for {cfg.model_name}), more than this machine's {total / 2**30:.1f} GiB; {fix}"
+            f"nodes={nodes} workers need at least {(once + nodes * per_worker) / 2**30:.1f} GiB "
+            f"({per_worker / 2**20:.0f} MiB each for {cfg.model_name}{shared}), more than this machine's "
+            f"{total / 2**30:.1f} GiB; {fix}"
         )
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and nodes + FDS_PER_WORKER_SPARE > soft:

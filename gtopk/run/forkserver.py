@@ -66,6 +66,14 @@ def default_method() -> str:
     return os.environ.get(METHOD_ENV) or "forkserver"
 
 
+def expected_method() -> str:
+    """The start method a group asking for none would use here (``default_method``, or
+    ``spawn`` where the platform has no fork server); a group may still be spawned when its
+    import-time environment differs from the server's (``context``)."""
+    method = default_method()
+    return method if method != "forkserver" or "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 def import_time_env(environ: Any) -> dict[str, str]:
     return {k: v for k, v in environ.items() if IMPORT_TIME.match(k)}
 
