@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # reproduce-*: ARGS = Hydra overrides for the runs (e.g. ARGS="cluster=local compute=measured"),
 # NETBENCH_ARGS = gtopk.perf.netbench overrides (e.g. "pingpong.reps=3"), FULL=1 (reproduce-fig5:
 # the full variant, P = 4, 16, 32 and three densities, instead of the quick one; reproduce-fig6 and
-# -fig6-baselines: also P = 16, 32 for the models whose ranks fit in memory), DATA=fashion
+# -fig6-baselines, validate-model: also P = 16, 32 for the models whose ranks fit in memory), DATA=fashion
 # (reproduce-fig5 on Fashion-MNIST: quick P = 4, 16 at three densities; FULL=1: the paper's point).
 ARGS ?=
 DATA ?= digits
@@ -131,8 +131,8 @@ reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
 	$(REPRODUCE) fig5 $(if $(FULL),--full) --data $(DATA) $(ARGS)
 
-validate-model: setup  ## The performance model against measurement: every reducer, P=1..8, emulated 100 Mbit/s and 1 Gbit/s (docs/payoff.md)
-	$(REPRODUCE) validate --netbench "$(NETBENCH_ARGS)" $(ARGS)
+validate-model: setup  ## The performance model against measurement: every reducer, P=1..8, emulated 100 Mbit/s and 1 Gbit/s (docs/payoff.md); FULL=1: also P=16, 32
+	$(REPRODUCE) validate $(if $(FULL),--full) --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
 fidelity: setup  ## The emulated cluster's fidelity checks (docs/cluster.md): 16 jobs, 5-8 min, timing targets: run on a quiet machine
 	$(PY) -m gtopk.run.cluster.fidelity $(ARGS)

@@ -101,35 +101,44 @@ def order(col: pd.Series) -> pd.Series:
     return col.map(lambda b: next((float(b[: -len(u)]) * f for u, f in units.items() if b.endswith(u)), 0.0))
 
 
+#: the agreement asked of the model (docs/payoff.md): per bandwidth and P the median
+#: predicted / measured t_iter within MEDIAN_BAND, every row within ROW_BAND
+MEDIAN_BAND, ROW_BAND = (0.9, 1.1), (0.75, 1.33)
+
+
 def markdown(df: pd.DataFrame) -> str:
     """The ratio table (times in ms), then per bandwidth and P the median and range of the
-    t_iter ratios and the median measured / predicted t_compute."""
+    t_iter ratios, the rows outside ``ROW_BAND`` and the median measured / predicted t_compute."""
 
     def ms(a: float, b: float) -> str:
         return f"{1e3 * a:.1f} / {1e3 * b:.1f}"
 
     lines = [
-        "| bandwidth | P | reducer | t_iter measured (ms) | predicted (ms) | predicted / measured "
+        "| bandwidth | model | P | reducer | t_iter measured (ms) | predicted (ms) | predicted / measured "
         "| t_compute meas / pred | t_commu meas / pred | rest meas / pred |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in df.iterrows():
         lines.append(
-            f"| {r['bandwidth']} | {r['nodes']} | {r['reducer']} | {1e3 * r['t_iter_measured']:.1f} | "
+            f"| {r['bandwidth']} | {r['model']} | {r['nodes']} | {r['reducer']} | {1e3 * r['t_iter_measured']:.1f} | "
             f"{1e3 * r['t_iter_predicted']:.1f} | {r['ratio']:.2f} | "
             f"{ms(r['t_compute_measured'], r['t_compute_predicted'])} | "
             f"{ms(r['t_commu_measured'], r['t_commu_predicted'])} | {ms(r['rest_measured'], r['rest_predicted'])} |"
         )
+    lo, hi = ROW_BAND
     lines += [
         "",
-        "| bandwidth | P | predicted / measured t_iter: median | range | t_compute measured / predicted: median |",
-        "|---|---|---|---|---|",
+        f"| bandwidth | P | rows | predicted / measured t_iter: median | range | rows outside {lo}-{hi} "
+        "| t_compute measured / predicted: median |",
+        "|---|---|---|---|---|---|---|",
     ]
     for (bw, P), g in df.groupby(["bandwidth", "nodes"], sort=False):
         compute = statistics.median(g["t_compute_measured"] / g["t_compute_predicted"])
+        outside = g[(g["ratio"] < lo) | (g["ratio"] > hi)]
+        named = ", ".join(f"{r['model']} {r['reducer']} {r['ratio']:.2f}" for _, r in outside.iterrows()) or "none"
         lines.append(
-            f"| {bw} | {P} | {statistics.median(g['ratio']):.2f} | {g['ratio'].min():.2f} - {g['ratio'].max():.2f} "
-            f"| {compute:.2f} |"
+            f"| {bw} | {P} | {len(g)} | {statistics.median(g['ratio']):.2f} | {g['ratio'].min():.2f} - "
+            f"{g['ratio'].max():.2f} | {named} | {compute:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,7 @@
 
     python -m analysis.reproduce fig6|table4|breakdown|scaling [--full] [--netbench "K=V ..."] [--variants K=V,...] [HYDRA OVERRIDES...]
     python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
-    python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
+    python -m analysis.reproduce validate [--full] [--netbench "K=V ..."] [HYDRA OVERRIDES...]
     python -m analysis.reproduce scale [HYDRA OVERRIDES...]
 
 * scaling targets (fig6, table4, breakdown; ``scaling`` makes all three; ``timing.py``) share
@@ -12,7 +12,8 @@
   (``variant_sweeps``), with ``--full`` then each P beyond (16, 32) over the models whose P
   ranks fit (``analysis.memfit``), the analysis scripts with the calibrated profile, the wandb export;
 * fig5 (``convergence.py``) trains the plan of ``fig5_plan`` (digits or Fashion-MNIST, quick or ``--full``);
-* validate (``validation.py``) runs ``experiment=model_validation`` and ``analysis.payoff.validate``;
+* validate (``validation.py``) runs ``experiment=model_validation`` (``--full``: then P = 16, 32
+  where the ranks fit) and ``analysis.payoff.validate``;
 * scale (``at_scale.py``) analyses the runs of ``experiment=fig5_scale`` as they stand.
 
 The shared pieces: ``sweep.py`` (what a ``run.py -m`` sweep is: ``keys``, ``merged``, ``axis``,

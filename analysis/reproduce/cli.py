@@ -2,7 +2,7 @@
 
 python -m analysis.reproduce fig6|table4|breakdown|scaling [--full] [--netbench "K=V ..."] [--variants K=V,...] [HYDRA OVERRIDES...]
 python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
-python -m analysis.reproduce validate [--netbench "K=V ..."] [HYDRA OVERRIDES...]
+python -m analysis.reproduce validate [--full] [--netbench "K=V ..."] [HYDRA OVERRIDES...]
 python -m analysis.reproduce scale [HYDRA OVERRIDES...]
 """
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--full",
         action="store_true",
-        help="fig5: the full variant (P = 4, 16, 32; three densities); scaling targets: also P = 16, 32 "
+        help="fig5: the full variant (P = 4, 16, 32; three densities); scaling targets and validate: also P = 16, 32 "
         "for the models whose ranks fit in memory (analysis.memfit), the rest modelled",
     )
     ap.add_argument(
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.target == "fig5":
         fig5(args.overrides, args.full, args.data)
     elif args.target == "validate":
-        validate(args.overrides, shlex.split(args.netbench))
+        validate(args.overrides, shlex.split(args.netbench), args.full)
     elif args.target == "scale":
         scale(args.overrides)
     else:

@@ -7,14 +7,17 @@ import sys
 import time
 from pathlib import Path
 
+from analysis import memfit
 from analysis.reproduce import steps
 from analysis.reproduce.sweep import ROOT, axis, keys, merged
 
 
-def validate(overrides: list[str], netbench: list[str]) -> None:
+def validate(overrides: list[str], netbench: list[str], full: bool = False) -> None:
     """The performance model against measurement (``experiment=model_validation``): a
-    calibration at each bandwidth of the sweep, the sweep, then ``analysis.payoff.validate`` with
-    every profile, and the wandb export."""
+    calibration at each bandwidth of the sweep, the sweep, with ``full`` then each P beyond it
+    (16, 32: ``memfit.split``) as a sweep of its own over the models whose ranks fit
+    (``memfit.sweep_at``, decided just before it), then ``analysis.payoff.validate`` with every
+    profile, and the wandb export."""
     from gtopk.run.cluster.netns import unavailable_reason
 
     reason = unavailable_reason()
@@ -27,7 +30,11 @@ def validate(overrides: list[str], netbench: list[str]) -> None:
         at = [o for o in overrides if "cluster.bandwidth" not in keys([o])] + [f"cluster.bandwidth={bandwidth}"]
         runs, net = steps.calibrate(at, netbench)
         profiles += ["--network", str(net / "profile.json")]
-    steps.run([sys.executable, str(ROOT / "run.py"), "-m", *overrides])
+    base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
+    for nodes in [None, *beyond]:
+        sweep = base if nodes is None else memfit.sweep_at(overrides, nodes, runs, axis)
+        if sweep:
+            steps.run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
     steps.run([sys.executable, "-m", "analysis.payoff.validate", str(runs), *profiles])
     steps.export(runs)
     print(

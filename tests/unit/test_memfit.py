@@ -183,3 +183,24 @@ def test_fig6_says_why_a_point_is_modelled(runs):  # noqa: F811 - the fixture
     assert mod[32] == {"not run"}
     assert mod[1] == mod[2] == mod[4] == {""}  # measured there
     assert set(df.loc[df["kind"] == "measured", "why_modelled"]) == {""}
+
+
+def test_validate_full_plans_p16_and_p32_of_its_model(tmp_path, monkeypatch):
+    """``make validate-model FULL=1``: the P <= 8 sweep, then one sweep per P beyond it
+    (16, 32) at the experiment's model when its ranks fit, then the validation script over
+    both bandwidths' profiles (the argument lists, never run)."""
+    monkeypatch.chdir(tmp_path)
+    root = Path("runs/model_validation")
+    # resnet20: 400 private + 500 shared; P = 32 needs 32 x 400 + 500 = 13,300 MiB <= 17,408
+    write_summary(root, "resnet20", 8, "gtopk", mem_private_mb=400.0, mem_shared_mb=500.0, rss_peak_mb=800.0)
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    monkeypatch.setattr(memfit, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    calls = []
+    monkeypatch.setattr(steps, "run", calls.append)
+    reproduce.main(["validate", "--full", "cluster=emulated"])
+    base = ["experiment=model_validation", "cluster=emulated"]
+    assert sweeps(calls) == [base, base + ["nodes=16", "model=resnet20"], base + ["nodes=32", "model=resnet20"]]
+    script = next(c for c in calls if c[1:3] == ["-m", "analysis.payoff.validate"])
+    profiles = [p for p in script if p.endswith("profile.json")]
+    assert len(profiles) == 2 and "100mbit" in profiles[0] and "1gbit" in profiles[1]

@@ -59,9 +59,25 @@ def test_prediction_is_the_payoffs_model_and_the_ratio_is_against_the_job(tmp_pa
     md = (root / "analysis" / "validation.md").read_text()
     ratio = f"{t_iter / 0.080:.2f}"
     assert (
-        f"| 100mbit | 4 | dense | 80.0 | {1e3 * t_iter:.1f} | {ratio} | 34.8 / 34.8 | 30.0 / 12.0 | 15.2 / 15.2 |" in md
+        f"| 100mbit | resnet20 | 4 | dense | 80.0 | {1e3 * t_iter:.1f} | {ratio} | 34.8 / 34.8 | 30.0 / 12.0 | "
+        "15.2 / 15.2 |" in md
     )
-    assert f"| 100mbit | 4 | {ratio} | {ratio} - {ratio} | 1.00 |" in md  # one job: median = range
+    # one job: median = range; the ratio (0.80) is inside 0.75-1.33, so no row is named
+    assert f"| 100mbit | 4 | 1 | {ratio} | {ratio} - {ratio} | none | 1.00 |" in md
+
+
+def test_summary_names_the_rows_outside_the_band():
+    """The per-(bandwidth, P) line counts the rows, gives the median and range of the
+    ratios, and names each row outside 0.75-1.33 with its model, reducer and ratio."""
+    rows = [
+        {"bandwidth": "1gbit", "model": m, "nodes": 8, "reducer": r, "ratio": x}
+        for m, r, x in [("vgg16", "gtopk", 0.70), ("vgg16", "dense", 0.95), ("resnet20", "topk", 1.40)]
+    ]
+    times = {"t_iter_measured": 0.1, "t_iter_predicted": 0.1, "t_compute_measured": 0.05}
+    times |= {"t_compute_predicted": 0.05, "t_commu_measured": 0.01, "t_commu_predicted": 0.01}
+    times |= {"rest_measured": 0.04, "rest_predicted": 0.04}
+    md = validate.markdown(pd.DataFrame([{**r, **times} for r in rows]))
+    assert "| 1gbit | 8 | 3 | 0.95 | 0.70 - 1.40 | vgg16 gtopk 0.70, resnet20 topk 1.40 | 1.00 |" in md
 
 
 def test_overlapping_reducer_is_compared_on_its_whole_all_reduce():
