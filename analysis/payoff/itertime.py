@@ -30,7 +30,7 @@ from gtopk.perf.model import NetworkProfile, model_shapes, predict_iter
 from gtopk.records.profiles import LOCAL_PROFILE
 from gtopk.records.rundir import finished
 
-#: the bandwidth sweep, Gbit/s, at the calibrated profile's alpha
+#: the bandwidth sweep, Gbit/s, at the calibrated profile's alpha and software cost
 SWEEP_GBPS = (0.1, 1.0, 10.0, 100.0)
 
 
@@ -49,6 +49,7 @@ class Net:
     beta: float
     calibrated: bool
     cluster: dict = field(default_factory=dict, hash=False, compare=False)
+    software: float = 0.0  # s per message of the sparse reducers' own rounds (``Network.software``)
 
     @property
     def gbps(self) -> float:
@@ -56,15 +57,20 @@ class Net:
 
     @property
     def profile(self) -> NetworkProfile:
-        return NetworkProfile(alpha=self.alpha, beta=self.beta, name=self.name, cluster=dict(self.cluster))
+        return NetworkProfile(
+            alpha=self.alpha, beta=self.beta, name=self.name, cluster=dict(self.cluster), software=self.software
+        )
 
 
 def networks(profiles: Sequence[NetworkProfile], sweep: Iterable[float] = SWEEP_GBPS) -> list[Net]:
     """The calibrated profiles (named ``<name> (<Gbit/s>)``), then the sweep at the first
-    profile's alpha (named ``<Gbit/s> Gbit/s``)."""
-    nets = [Net(f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)", p.alpha, p.beta, True, dict(p.cluster)) for p in profiles]
-    alpha = profiles[0].alpha
-    return nets + [Net(f"{g:g} Gbit/s", alpha, 8.0 / (g * 1e9), False) for g in sweep]
+    profile's alpha and software cost (named ``<Gbit/s> Gbit/s``)."""
+    nets = [
+        Net(f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)", p.alpha, p.beta, True, dict(p.cluster), p.software)
+        for p in profiles
+    ]
+    alpha, software = profiles[0].alpha, profiles[0].software
+    return nets + [Net(f"{g:g} Gbit/s", alpha, 8.0 / (g * 1e9), False, software=software) for g in sweep]
 
 
 class ComputeProfile(ABC):

@@ -33,7 +33,7 @@ KEYS = ["bandwidth", "model", "nodes", "reducer"]
 def net_of(summary: dict, profiles: list[NetworkProfile]) -> Net | None:
     """The profile (as payoff's ``Net``) whose every cluster setting the job's summary has."""
     prof = next((p for p in profiles if ran_on(summary, p.cluster)), None)
-    return None if prof is None else Net(prof.name, prof.alpha, prof.beta, True, dict(prof.cluster))
+    return None if prof is None else Net(prof.name, prof.alpha, prof.beta, True, dict(prof.cluster), prof.software)
 
 
 def ratio_row(summary: dict, pred: dict, overlaps_backward: bool) -> dict:
@@ -81,6 +81,7 @@ def validation_rows(root: str | Path, profiles: list[NetworkProfile], compute_ar
                 "bandwidth": net.cluster.get("bandwidth", net.name),
                 "calibrated_gbps": net.gbps,
                 "alpha_s": net.alpha,
+                "software_s": net.software,
                 "model": s["model"],
                 "nodes": P,
                 "reducer": reducer.label,

@@ -1,7 +1,9 @@
 """The calibrated alpha-beta model: network profiles, and t_commu / t_iter predictions.
 
 A *network profile* (``NetworkProfile``, JSON) holds alpha (s per message) and beta (s per
-byte) fitted by ``gtopk.perf.netbench`` on some cluster. From it, a reducer's config (its
+byte) fitted by ``gtopk.perf.netbench`` on some cluster, and the software cost per message of
+the sparse reducers' own rounds it measured there (``software``; 0 in a profile from before:
+``Network.sparse``). From it, a reducer's config (its
 ``_target_`` class provides ``predict_commu``) and the measured or replayed per-iteration
 times of one job (t_data, t_compute, t_compr, t_update), ``predict_iter`` predicts t_commu
 and t_iter at any P (1 .. 1024 and beyond): only t_commu depends on P in the model; the local
@@ -28,7 +30,7 @@ import math
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from hydra.utils import get_class
@@ -37,6 +39,7 @@ from gtopk.records.rundir import finished, write_json_atomic
 from gtopk.reducers.costmodel import Network
 
 LOCAL_TIMES = ("t_data", "t_compute", "t_compr", "t_update")
+NO_SOFTWARE = "no per-message software cost measured (made before netbench measured it): taken as 0"
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
@@ -89,7 +92,8 @@ def check_reducer(reducer_cfg: Mapping) -> str:
 
 @dataclass
 class NetworkProfile:
-    """alpha (s), beta (s/byte) and where they came from."""
+    """alpha (s), beta (s/byte), software (s per message of the sparse reducers' own rounds
+    beyond alpha: ``gtopk.perf.software``) and where they came from."""
 
     alpha: float
     beta: float
@@ -98,10 +102,13 @@ class NetworkProfile:
     backend: str = ""  # the torch.distributed backend measured (gloo, nccl); "" when not measured
     samples: list = field(default_factory=list)  # [(bytes, one-way seconds)] behind the fit
     notes: str = ""
+    software: float = 0.0
+    software_samples: list = field(default_factory=list)  # seconds per message, one per timed reduce
+    software_notes: str = ""  # how it was measured
 
     @property
     def network(self) -> Network:
-        return Network(alpha=self.alpha, beta=self.beta)
+        return Network(alpha=self.alpha, beta=self.beta, software=self.software)
 
     @property
     def bits_per_s(self) -> float:
@@ -133,7 +140,10 @@ class NetworkProfile:
                 "`python -m gtopk.perf.netbench cluster=...` or pass `paper`"
             )
         d = json.loads(p.read_text())
-        return cls(**{k: d[k] for k in ("alpha", "beta", "name", "cluster", "backend", "samples", "notes") if k in d})
+        if "software" not in d:  # a profile from before netbench measured it
+            d["software_notes"] = NO_SOFTWARE
+            print(f"note: {p}: {NO_SOFTWARE}", file=sys.stderr)
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 def fit_alpha_beta(
@@ -253,7 +263,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--network", required=True, help="network profile JSON (from gtopk.perf.netbench) or `paper`")
     ap.add_argument("runs", nargs="+", help="directories holding finished jobs")
     args = ap.parse_args(argv)
-    net = NetworkProfile.load(args.network).network
+    prof = NetworkProfile.load(args.network)
+    net = prof.network
+    print(
+        f"network {prof.name}: alpha {net.alpha * 1e3:.4f} ms, software {net.software * 1e3:.4f} ms per sparse message"
+    )
     rows = []
     for d in finished(args.runs):
         try:

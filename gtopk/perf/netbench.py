@@ -2,13 +2,16 @@
 
 1. Ping-pong (``dist.send``/``dist.recv``) between ranks 0 and 1 over message sizes; the
    one-way time per size (half the median round trip) is fitted to ``alpha + beta * n``
-   and saved as a network profile (``runs/net/<name>/profile.json``).
+   and saved as a network profile (``runs/net/<name>/profile.json``), with the software cost
+   per message of the sparse reducers' own rounds (``gtopk.perf.software``: a gTop-k tree
+   reduce of a small gradient between the same two ranks, beyond its alpha-beta time).
 2. Each reducer of ``collectives.reducers`` (dense all-reduce, Top-k all-gather, gTop-k
    tree and recursive doubling) is run for every P in ``collectives.nodes`` and gradient
    size in ``collectives.m`` with ``align_timing`` on (every rank starts the collective
    together after its local selection, and waits after it until all are done); per
    iteration the slowest rank's t_commu is the collective's time, and the median over
-   iterations is written to ``collectives.csv`` beside the fitted model's prediction.
+   iterations is written to ``collectives.csv`` beside the fitted model's prediction (and
+   the software cost per message measured at that P, ``software_at_P``).
 
 Runs on any cluster: ``cluster=local`` (loopback), ``cluster=emulated`` (shaped namespaces),
 or a real one under torchrun (ping-pong between global ranks 0 and 1, collectives at the
@@ -30,6 +33,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gtopk import host
+from gtopk.perf import software
 from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
 from gtopk.reducers.costmodel import Network, rd_time
 from gtopk.reducers.record import ReduceRecord
@@ -93,7 +97,15 @@ def span(starts: torch.Tensor, ends: torch.Tensor, one_clock: bool) -> float:
 
 
 def time_reducer(
-    rank: int, world: int, reducer_cfg: dict, m: int, warmup: int, iters: int, seed: int, one_clock: bool
+    rank: int,
+    world: int,
+    reducer_cfg: dict,
+    m: int,
+    warmup: int,
+    iters: int,
+    seed: int,
+    one_clock: bool,
+    spans: list | None = None,
 ) -> dict | None:
     """Collective. The reducer runs with ``align_timing`` (every rank starts the collective
     after a barrier and waits at another after it, so no rank's selection or
@@ -103,7 +115,8 @@ def time_reducer(
       slowest rank's t_commu;
     t_commu_slowest: the slowest rank's own t_commu (the barrier's exit skew included);
     t_commu_min: the fastest rank's (e.g. a tree's root, done before the broadcast reaches
-      the leaves); t_compr and t_merge: the largest over ranks."""
+      the leaves); t_compr and t_merge: the largest over ranks.
+    ``spans``: a list that gets each timed iteration's t_commu (on every rank)."""
     reducer = instantiate(reducer_cfg, align_timing=True)
     grad = torch.randn(m, generator=torch.Generator().manual_seed(seed + rank), device="cpu").to(device())
     rows = []
@@ -126,6 +139,8 @@ def time_reducer(
                     t[:, 2].max().item(),
                 )
             )
+            if spans is not None:
+                spans.append(rows[-1][0])
     if rank:
         return None
     med = [statistics.median(r[j] for r in rows) for j in range(5)]
@@ -166,6 +181,16 @@ def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | 
     return statistics.median(spans) if rank == 0 else None
 
 
+def reduce_spans(rank: int, world: int, cfg: dict) -> list[float] | None:
+    """Collective. ``collectives.warmup`` + ``software.samples`` reduces of ``software.reducer``
+    (one instance) on a gradient of ``software.m`` entries, timed by ``time_reducer``;
+    on rank 0 the t_commu span of each timed one, the others None."""
+    s, spans = cfg["software"], []
+    args = (s["reducer"], s["m"], cfg["collectives"]["warmup"], s["samples"], cfg["seed"], on_one_host(world))
+    time_reducer(rank, world, *args, spans=spans)
+    return spans if rank == 0 else None
+
+
 def cpu_times() -> tuple[float, float]:
     """(busy, total) jiffies of this machine so far (Linux /proc/stat; zeros elsewhere).
     Busy includes kernel networking (softirq), which is what an emulated link costs."""
@@ -187,6 +212,7 @@ def _run_collectives(rank: int, world: int, cfg: dict):
     out = []
     one_clock = on_one_host(world)
     latency = round_latency(rank, world, c["latency_reps"], one_clock) if world > 1 else None
+    small = reduce_spans(rank, world, cfg) if world > 1 else None
     for m in c["m"]:
         for name, rcfg in c["reducers"].items():
             busy0, total0 = cpu_times()
@@ -201,20 +227,40 @@ def _run_collectives(rank: int, world: int, cfg: dict):
                     )
                 out.append(
                     {"reducer": name, "nodes": world, "m": m, "density": c["density"], "rd_latency": latency, **r}
+                    | {"software_t_commu": statistics.median(small) if small else None}
                 )
     return out if rank == 0 else None
 
 
-def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
+def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict, min_dilation: int = 1):
     """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world), in
     ``gtopk.run.runner``'s group of ``nodes`` workers (kept for the next call at the same
-    P; ``main`` closes it)."""
+    P; ``main`` closes it). ``min_dilation``: on a cluster whose ``dilation`` is ``auto``,
+    with CPU ranks, at least this time dilation (``pair_cfg``)."""
     if torchrun_world():
         return fn(dist.get_rank(), dist.get_world_size(), cfg_dict)
+    cfg = pair_cfg(cfg, nodes, min_dilation)
     instantiate(cfg.cluster).check(nodes)
     checks.gpus_fit(cfg.device, nodes)  # NCCL: one GPU per rank ("Duplicate GPU detected")
     spec = GroupSpec.of(cfg, nodes, cfg.backend)
     return run_on_cluster(spec, fn, (cfg_dict,), timeout=cfg.timeout_s, keep=True)[0]
+
+
+def pair_cfg(cfg: DictConfig, nodes: int, min_dilation: int) -> DictConfig:
+    """``cfg``, or where its cluster's ``dilation`` is ``auto``, the ranks compute on the CPU
+    and ``auto`` would give ``nodes`` ranks less than ``min_dilation``, a copy at
+    ``cluster.dilation=min_dilation``. The calibration's two ranks get D = 1 from ``auto`` on
+    two cores: in real time, where the kernel's shaping, the launcher and any other load
+    compete with them (measured under load: alpha 1.9-3.7 ms at D = 1, 0.07-0.16 ms at D = 2-4;
+    docs/cluster.md)."""
+    if min_dilation <= 1 or cfg.cluster.get("dilation") != "auto" or cfg.device != "cpu":
+        return cfg
+    if instantiate(cfg.cluster).dilation_for(nodes, cfg.get("threads_per_worker")) >= min_dilation:
+        return cfg
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.cluster.dilation = min_dilation
+    return cfg
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -243,11 +289,15 @@ def main(cfg: DictConfig) -> None:
     if torchrun_world():
         join_group(cfg.backend, cfg.timeout_s, cfg.timeout_s)  # under NCCL: binds LOCAL_RANK's GPU first
     try:
-        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict)
+        pair = cfg.pingpong.min_dilation
+        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict, pair)
+        spans = _on_cluster(reduce_spans, 2, cfg, cfg_dict, pair)  # the sparse rounds' software cost
         if samples is not None:
             alpha, beta = fit_alpha_beta([n for n, _ in samples], [t for _, t in samples])
             big, t_big = samples[-1]
             cluster = instantiate(cfg.cluster).describe()
+            P_sw = dist.get_world_size() if torchrun_world() else 2  # the world the spans were timed on
+            sw = software.summary(spans, cfg_dict, P_sw, Network(alpha, beta))
             prof = NetworkProfile(
                 alpha=alpha,
                 beta=beta,
@@ -256,6 +306,7 @@ def main(cfg: DictConfig) -> None:
                 backend=cfg.backend,
                 samples=samples,
                 notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size",
+                **sw,
             )
             prof.save(out / "profile.json")
             write_csv(
@@ -266,6 +317,7 @@ def main(cfg: DictConfig) -> None:
                 f"network profile {out / 'profile.json'}: alpha {alpha * 1e3:.4f} ms, beta {beta:.4e} s/byte "
                 f"({prof.bits_per_s / 1e9:.3f} Gbit/s); {big} B one way at {8 * big / t_big / 1e9:.3f} Gbit/s"
             )
+            print(software.describe(prof.software, prof.software_samples, prof.software_notes))
             if "bandwidth_bits_per_s" in cluster:
                 conf = cluster["bandwidth_bits_per_s"]
                 print(
@@ -285,6 +337,9 @@ def main(cfg: DictConfig) -> None:
                     at_P = Network(alpha=(r["rd_latency"] - wire) / rounds, beta=prof.beta)
                     r["alpha_at_P"] = at_P.alpha
                     r["t_commu_model_at_P"] = predict_commu(rcfg, P, r["m"], at_P)
+                r["software_at_P"] = (
+                    software.at_P(r["software_t_commu"], cfg_dict, P, prof.network) if samples else None
+                )
                 rows.append(r)
                 print(
                     f"P={P:<3} m={r['m']:<9} {r['reducer']:<11} t_commu {r['t_commu']:.4f}s "
@@ -297,6 +352,7 @@ def main(cfg: DictConfig) -> None:
                         if r["alpha_at_P"] is not None
                         else ""
                     )
+                    + (f" | software {r['software_at_P'] * 1e3:.3f} ms" if r["software_at_P"] is not None else "")
                     + (f" link {r['link_utilisation']:.0%}" if r["link_utilisation"] is not None else ""),
                     flush=True,
                 )

@@ -62,7 +62,9 @@ Declarations (class attributes, read without building the reducer or any process
 * ``schedule_tolerance``: the relative error its ``predict_commu`` may have against one
   recorded step (0: equal; a model averaged over steps, or assuming balanced data, states
   how far one step may stray).
-* ``predict_commu(P, m, net, **settings)``: the alpha-beta time of one ``reduce`` (above).
+* ``predict_commu(P, m, net, **settings)``: the alpha-beta time of one ``reduce`` (above);
+  a reducer whose messages are this package's own sparse rounds gives its formulas
+  ``net.sparse`` (alpha + the measured software cost per message), a backend collective ``net``.
 """
 
 from __future__ import annotations

@@ -24,10 +24,20 @@ VALUE_BYTES = 4  # float32 on the wire
 
 @dataclass(frozen=True)
 class Network:
-    """alpha: seconds per message; beta: seconds per byte."""
+    """alpha: seconds per message; beta: seconds per byte; software: seconds that a message of
+    this package's own sparse rounds costs beyond alpha (posting, encoding and decoding, the
+    merge's bookkeeping, waking the rank: ``gtopk.perf.software`` measures it), 0 unknown."""
 
     alpha: float
     beta: float
+    software: float = 0.0
+
+    @property
+    def sparse(self) -> Network:
+        """The network a message of this package's sparse rounds sees: alpha + software. The
+        sparse reducers' ``predict_commu`` pass it to their formulas; the backend's own
+        collectives (dense all-reduce, DDP, PowerSGD: gloo's or NCCL's C++) use ``self``."""
+        return Network(alpha=self.alpha + self.software, beta=self.beta)
 
     @classmethod
     def paper(cls) -> Network:

@@ -86,8 +86,9 @@ class GTopKReducer(SparseReducer):
     def predict_commu(
         cls, P: int, m: int, net: Network, density: float = 0.001, algorithm: str = "tree", putback: str = "index", **_
     ) -> float:
-        """Messages of gTopKAllReduce on the critical path (merges not included)."""
-        return gtopk_time(P, k_for(density, m), m, net, algorithm, putback)
+        """Messages of gTopKAllReduce on the critical path (merges not included), each this
+        package's own point-to-point round: alpha + software (``Network.sparse``)."""
+        return gtopk_time(P, k_for(density, m), m, net.sparse, algorithm, putback)
 
     # -- the two ways to find the global set; both return (indices, values or None) --
     def _merge(self, a, b):

@@ -139,7 +139,7 @@ class OkTopKReducer(SparseReducer):
         periods (``oktopk_time``: what the performance model uses); ``step``, that step of a
         run from a fresh state (``oktopk_step_time``; step 0 is exact and re-computes the
         regions: the step the schedule check records)."""
-        k = k_for(density, m)
+        k, net = k_for(density, m), net.sparse  # its messages carry the sparse rounds' software cost
         if step is not None:
             return oktopk_step_time(P, k, m, net, step, threshold_period, boundary_period)
         return oktopk_time(P, k, m, net, threshold_period, boundary_period)

@@ -26,11 +26,16 @@ def test_netbench_writes_profile_and_collectives(tmp_path):
         "collectives.m=[20000]",
         "collectives.iters=2",
         "collectives.latency_reps=2",
+        "software.samples=5",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "profile.json").exists() and (out / "pingpong.csv").exists()
-    assert json.loads((out / "profile.json").read_text())["backend"] == "gloo"  # backend=auto on a CPU, as training
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["backend"] == "gloo"  # backend=auto on a CPU, as training
+    # the sparse rounds' software cost: one sample per timed reduce, the median clipped at 0
+    assert len(profile["software_samples"]) == 5 and profile["software"] >= 0
+    assert "P = 2" in profile["software_notes"] and "software cost per sparse message" in done.stdout
     rows = pd.read_csv(out / "collectives.csv").set_index("reducer")
     assert set(rows.index) == {"dense", "topk", "gtopk_tree", "gtopk_rd"}
     assert (rows["nodes"] == 3).all() and (rows["m"] == 20000).all()
@@ -43,4 +48,5 @@ def test_netbench_writes_profile_and_collectives(tmp_path):
     assert (rows["t_commu_model"] > 0).all() and (rows["t_commu_model_at_P"] > 0).all()
     assert rows.loc["gtopk_tree", "t_merge"] > 0 and rows.loc["dense", "t_merge"] == 0
     assert rows.loc["gtopk_rd", "messages_sent"] > 0
+    assert rows["software_t_commu"].notna().all() and rows["software_at_P"].notna().all()
     assert "ratio" in done.stdout and "alpha at P" in done.stdout
