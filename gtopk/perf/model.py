@@ -36,7 +36,7 @@ from pathlib import Path
 from hydra.utils import get_class
 
 from gtopk.records.rundir import finished, write_json_atomic
-from gtopk.reducers.costmodel import Network
+from gtopk.reducers.costmodel import Network, ring_time
 
 LOCAL_TIMES = ("t_data", "t_compute", "t_compr", "t_update")
 NO_SOFTWARE = "no per-message software cost measured (made before netbench measured it): taken as 0"
@@ -207,6 +207,13 @@ def _model_shapes(name: str) -> list[tuple[int, ...]]:
     return param_shapes(OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{name}.yaml")))
 
 
+def check_time(P: int, net: Network) -> float:
+    """The training loop's non-finite check at P (``gtopk.train.faults.NonFiniteGuard``): one
+    all-reduce of P float32 flags every step, gloo's or NCCL's own ring (bare alpha), none at
+    P = 1. A P = 1 job's local times do not hold it, so the model adds it at P."""
+    return ring_time(P, P, net)
+
+
 def predict_iter(
     reducer_cfg: Mapping,
     P: int,
@@ -216,20 +223,23 @@ def predict_iter(
     images_per_iter: int,
     shapes: list | None = None,
 ) -> dict:
-    """Predicted t_commu (all of the step's communication), t_exposed (what of it the step
-    waits for: all, except for a reducer that overlaps it with backward), t_iter and images/s
-    per worker at P, from local times ``local`` (t_data, t_compute, t_compr, t_update of a
-    job; missing ones count as 0)."""
+    """Predicted t_commu (all of the reducer's communication), t_exposed (what of it the step
+    waits for: all, except for a reducer that overlaps it with backward), t_check (the
+    training loop's non-finite check: ``check_time``), t_iter and images/s per worker at P,
+    from local times ``local`` (t_data, t_compute, t_compr, t_update of a job; missing ones
+    count as 0)."""
     t = {k: float(local.get(k, 0.0)) for k in LOCAL_TIMES}
     settings = {k: v for k, v in reducer_cfg.items() if k != "_target_"}
     cls = reducer_class(reducer_cfg)
     t_commu = cls.predict_commu(P, m, net, shapes=shapes, **settings)
     body = cls.predict_body(P, m, net, t["t_compute"], shapes=shapes, **settings)  # DDP: hides some
-    t_iter = t["t_data"] + body + t["t_compr"] + t["t_update"]
+    t_check = check_time(P, net)
+    t_iter = t["t_data"] + body + t_check + t["t_compr"] + t["t_update"]
     return {
         "nodes": P,
         "t_commu": t_commu,
         "t_exposed": body - t["t_compute"],
+        "t_check": t_check,
         "t_iter": t_iter,
         "images_per_s_per_worker": images_per_iter / t_iter,
     }

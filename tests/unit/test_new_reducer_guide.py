@@ -138,7 +138,8 @@ def test_the_example_appears_in_table4_with_its_own_cost_model(installed, tmp_pa
     assert measured[f"{NAME}/gtopk"] == pytest.approx(0.112 / 0.120)  # the last in plot order is the subject
     modelled = next(r for r in t if r["kind"] == "modelled" and r["nodes"] == 8)
     ring = 2 * 7 * (ALPHA + math.ceil(1000 / 8) * 4 * BETA)  # its predict_commu: ring all-reduce of k = 1000
-    t_iter = 0.101 + ring  # its P = 1 job's step (whose t_commu is local work) and the all-reduce
+    check = 2 * 7 * (ALPHA + 4 * BETA)  # the loop's non-finite check: a ring all-reduce of 8 flags
+    t_iter = 0.101 + ring + check  # its P = 1 job's step (whose t_commu is local work), the all-reduce, the check
     assert modelled[f"e_{NAME}"] == pytest.approx(0.100 / t_iter)
     assert known.display(NAME) == "random-k" and known.ordered([NAME, "gtopk", "dense"])[-1] == NAME
 

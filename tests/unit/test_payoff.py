@@ -28,6 +28,11 @@ CURVES = {
 }
 TRAIN_T_ITER = 0.2  # t_iter of the training runs' own steps (0.6 in epoch 0, at the warm-up density)
 ALPHA, BETA = 1e-3, 8e-9  # the profile: 1 ms per message, 1 Gbit/s
+
+
+def check(P: int) -> float:
+    """The loop's non-finite check at P: a ring all-reduce of P flags, 2 (P - 1) messages of 4 bytes."""
+    return 2 * (P - 1) * (ALPHA + 4 * BETA)
 CLUSTER = {"cluster": "emulated", "bandwidth": "1gbit"}
 SLOW = {"cluster": "emulated", "bandwidth": "100mbit"}  # a second calibrated network: 0.1 Gbit/s
 IMAGES_PER_S = 320.0  # local compute profile of resnet20 at batch 32: t_compute = 32 / 320 = 0.1 s
@@ -133,13 +138,13 @@ def test_time_arithmetic_sources_and_marks(records):
     assert list(df.columns) == PAYOFF[0]  # the wandb export tests' payoff.csv has this header
     cal, sweep = "emulated (1 Gbit/s)", "1 Gbit/s"
     k_bytes = 1000 * 8  # k = 0.001 * M entries of int32 index + float32 value
-    gtopk_p4 = 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + 0.01 + 0.005  # compute + tree up/down x log2 4 + compr + rest
+    gtopk_p4 = 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + check(4) + 0.01 + 0.005  # compute + tree up/down x log2 4 + compr + rest
     # DDP: ResNet-20's 269,722 parameters (its layers: conf/model) are one bucket, ready when
     # backward ends, so none of its ring all-reduce is hidden; + rest
-    ddp_p4 = 0.1 + 2 * 3 * (ALPHA + math.ceil(269_722 / 4) * 4 * BETA) + 0.003
-    dense_p4 = 0.1 + 2 * 3 * (ALPHA + 250_000 * 4 * BETA) + 0.004
+    ddp_p4 = 0.1 + 2 * 3 * (ALPHA + math.ceil(269_722 / 4) * 4 * BETA) + check(4) + 0.003
+    dense_p4 = 0.1 + 2 * 3 * (ALPHA + 250_000 * 4 * BETA) + check(4) + 0.004
     # Top-k has no benchmark job: its own steps give t_data 0.001, t_compr 0.002, rest 0.2/4 - 0.003
-    topk_p4 = 0.001 + 0.1 + (3 * ALPHA + 3 * k_bytes * BETA) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
+    topk_p4 = 0.001 + 0.1 + (3 * ALPHA + 3 * k_bytes * BETA) + check(4) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
 
     g = one(df, "gtopk", 4, sweep)
     assert (g["iterations_to_target"], g["iterations_source"]) == (30, "measured")
@@ -164,7 +169,7 @@ def test_time_arithmetic_sources_and_marks(records):
     assert math.isnan(t["time_to_target"]) and "best top-1 0.7000" in t["iterations_detail"]
     n = one(df, "gtopk", 16, sweep)
     assert (n["status"], n["iterations_source"]) == ("no run", "none") and math.isnan(n["time_to_target"])
-    assert n["t_iter"] == pytest.approx(0.1 + 4 * 2 * (ALPHA + k_bytes * BETA) + 0.01 + 0.005)
+    assert n["t_iter"] == pytest.approx(0.1 + 4 * 2 * (ALPHA + k_bytes * BETA) + check(16) + 0.01 + 0.005)
     assert sorted(df["nodes"].unique()) == [2**i for i in range(11)]
     assert set(df["bandwidth_gbps"].round(6)) == {0.1, 1.0, 10.0, 100.0}
     assert (records["out"] / "payoff_resnet20_local.png").stat().st_size > 0
@@ -178,7 +183,7 @@ def test_densities_are_separate_lines(records):
     assert sel["iterations_to_target"].to_dict() == {0.0001: 40, 0.001: 30}
     k_bytes = 100 * 8  # k = 0.0001 * M
     # no benchmark job at this density: overheads from its own steps (t_data 0.001, t_compr 0.002, rest)
-    t = 0.001 + 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
+    t = 0.001 + 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + check(4) + 0.002 + (TRAIN_T_ITER / 4 - 0.003)
     assert sel.loc[0.0001, "t_iter"] == pytest.approx(t)
     ddp = df[(df["reducer"] == "ddp") & (df["nodes"] == 4) & (df["network"] == "1 Gbit/s")]
     assert sorted(ddp["density"].unique()) == [0.0001, 0.001]
