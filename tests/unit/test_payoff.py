@@ -33,6 +33,8 @@ ALPHA, BETA = 1e-3, 8e-9  # the profile: 1 ms per message, 1 Gbit/s
 def check(P: int) -> float:
     """The loop's non-finite check at P: a ring all-reduce of P flags, 2 (P - 1) messages of 4 bytes."""
     return 2 * (P - 1) * (ALPHA + 4 * BETA)
+
+
 CLUSTER = {"cluster": "emulated", "bandwidth": "1gbit"}
 SLOW = {"cluster": "emulated", "bandwidth": "100mbit"}  # a second calibrated network: 0.1 Gbit/s
 IMAGES_PER_S = 320.0  # local compute profile of resnet20 at batch 32: t_compute = 32 / 320 = 0.1 s
@@ -138,7 +140,9 @@ def test_time_arithmetic_sources_and_marks(records):
     assert list(df.columns) == PAYOFF[0]  # the wandb export tests' payoff.csv has this header
     cal, sweep = "emulated (1 Gbit/s)", "1 Gbit/s"
     k_bytes = 1000 * 8  # k = 0.001 * M entries of int32 index + float32 value
-    gtopk_p4 = 0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + check(4) + 0.01 + 0.005  # compute + tree up/down x log2 4 + compr + rest
+    gtopk_p4 = (
+        0.1 + 2 * 2 * (ALPHA + k_bytes * BETA) + check(4) + 0.01 + 0.005
+    )  # compute + tree up/down x log2 4 + compr + rest
     # DDP: ResNet-20's 269,722 parameters (its layers: conf/model) are one bucket, ready when
     # backward ends, so none of its ring all-reduce is hidden; + rest
     ddp_p4 = 0.1 + 2 * 3 * (ALPHA + math.ceil(269_722 / 4) * 4 * BETA) + check(4) + 0.003
