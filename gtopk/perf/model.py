@@ -6,7 +6,8 @@ the sparse reducers' own rounds it measured there (``software``; 0 in a profile 
 ``Network.sparse``). From it, a reducer's config (its
 ``_target_`` class provides ``predict_commu``) and the measured or replayed per-iteration
 times of one job (t_data, t_compute, t_compr, t_update), ``predict_iter`` predicts t_commu
-and t_iter at any P (1 .. 1024 and beyond): only t_commu depends on P in the model; the local
+and t_iter at any P (1 .. 1024 and beyond): only t_commu and the loop's non-finite check
+(``check_time``) depend on P in the model; the local
 times are taken as measured. Reducers that overlap communication with backward (DDP and
 its hooks) hide what the replayed backward hides: each bucket's communication starts when
 its last gradient is ready and the bucket before it is done (``predict_body`` of the class).

@@ -17,6 +17,7 @@ all-gather) are gloo's or NCCL's C++ and do not carry it.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -36,7 +37,7 @@ def critical_messages(reducer_cfg: Mapping, P: int, m: int) -> float:
 def per_message(t_commu: float, reducer_cfg: Mapping, P: int, m: int, net: Network) -> float:
     """Local. (``t_commu`` - the alpha-beta time of that reduce on ``net``, without any
     software cost) / its critical-path messages: the software cost of one message."""
-    bare = Network(alpha=net.alpha, beta=net.beta)
+    bare = dataclasses.replace(net, software=0.0)
     return (t_commu - predict_commu(reducer_cfg, P, m, bare)) / critical_messages(reducer_cfg, P, m)
 
 

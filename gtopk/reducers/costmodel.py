@@ -36,7 +36,8 @@ class Network:
     def sparse(self) -> Network:
         """The network a message of this package's sparse rounds sees: alpha + software. The
         sparse reducers' ``predict_commu`` pass it to their formulas; the backend's own
-        collectives (dense all-reduce, DDP, PowerSGD: gloo's or NCCL's C++) use ``self``."""
+        collectives (dense all-reduce, DDP, PowerSGD, Top-k's all-gather: gloo's or NCCL's C++)
+        use ``self``."""
         return Network(alpha=self.alpha + self.software, beta=self.beta)
 
     @classmethod
