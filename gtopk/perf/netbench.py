@@ -232,35 +232,17 @@ def _run_collectives(rank: int, world: int, cfg: dict):
     return out if rank == 0 else None
 
 
-def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict, min_dilation: int = 1):
+def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
     """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world), in
     ``gtopk.run.runner``'s group of ``nodes`` workers (kept for the next call at the same
-    P; ``main`` closes it). ``min_dilation``: on a cluster whose ``dilation`` is ``auto``,
-    with CPU ranks, at least this time dilation (``pair_cfg``)."""
+    P; ``main`` closes it). The emulated cluster's ``min_dilation`` keeps the calibration
+    pair out of real time on a machine where ``auto`` would give two ranks D = 1."""
     if torchrun_world():
         return fn(dist.get_rank(), dist.get_world_size(), cfg_dict)
-    cfg = pair_cfg(cfg, nodes, min_dilation)
-    instantiate(cfg.cluster).check(nodes)
+    instantiate(cfg.cluster).check(nodes, device=cfg.device)
     checks.gpus_fit(cfg.device, nodes)  # NCCL: one GPU per rank ("Duplicate GPU detected")
     spec = GroupSpec.of(cfg, nodes, cfg.backend)
     return run_on_cluster(spec, fn, (cfg_dict,), timeout=cfg.timeout_s, keep=True)[0]
-
-
-def pair_cfg(cfg: DictConfig, nodes: int, min_dilation: int) -> DictConfig:
-    """``cfg``, or where its cluster's ``dilation`` is ``auto``, the ranks compute on the CPU
-    and ``auto`` would give ``nodes`` ranks less than ``min_dilation``, a copy at
-    ``cluster.dilation=min_dilation``. The calibration's two ranks get D = 1 from ``auto`` on
-    two cores: in real time, where the kernel's shaping, the launcher and any other load
-    compete with them (measured under load: alpha 1.9-3.7 ms at D = 1, 0.07-0.16 ms at D = 2-4;
-    docs/cluster.md)."""
-    if min_dilation <= 1 or cfg.cluster.get("dilation") != "auto" or cfg.device != "cpu":
-        return cfg
-    if instantiate(cfg.cluster).dilation_for(nodes, cfg.get("threads_per_worker")) >= min_dilation:
-        return cfg
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.cluster.dilation = min_dilation
-    return cfg
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -289,9 +271,8 @@ def main(cfg: DictConfig) -> None:
     if torchrun_world():
         join_group(cfg.backend, cfg.timeout_s, cfg.timeout_s)  # under NCCL: binds LOCAL_RANK's GPU first
     try:
-        pair = cfg.pingpong.min_dilation
-        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict, pair)
-        spans = _on_cluster(reduce_spans, 2, cfg, cfg_dict, pair)  # the sparse rounds' software cost
+        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict)
+        spans = _on_cluster(reduce_spans, 2, cfg, cfg_dict)  # the sparse rounds' software cost
         if samples is not None:
             alpha, beta = fit_alpha_beta([n for n, _ in samples], [t for _, t in samples])
             big, t_big = samples[-1]

@@ -61,6 +61,7 @@ RESOLVED_LATER = ("device", "backend", "compute")
 LATER_DEFAULTS: dict[str, Any] = {
     "reducer.selection": "exact",  # Top-k/gTop-k/Ok-Topk: exact top-k (the sampled threshold came later)
     "cluster.dilation": 1,  # emulated cluster: real time (time dilation came later)
+    "cluster.min_dilation": 1,  # emulated cluster: no floor under dilation=auto (it came later)
 }
 
 

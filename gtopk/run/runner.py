@@ -99,7 +99,9 @@ def _group(spec: GroupSpec, timeout: float, collective_timeout: float | None) ->
     close()
     exit = contextlib.ExitStack()
     try:
-        placement = exit.enter_context(instantiate(json.loads(spec.cluster)).up_for(spec.nodes, spec.threads))
+        placement = exit.enter_context(
+            instantiate(json.loads(spec.cluster)).up_for(spec.nodes, spec.threads, spec.device)
+        )
         group = exit.enter_context(
             WorkerGroup(
                 spec.nodes,

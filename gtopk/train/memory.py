@@ -5,7 +5,9 @@ lifetime high-water mark (``VmHWM``, ``ru_maxrss``) would mix jobs: ``reset_peak
 (at the start of a job) restarts it by writing ``5`` to ``/proc/self/clear_refs``, and
 ``peak_rss_mb`` reads it (every step's row: ``rss_peak_mb``). Where the reset is not
 allowed (not Linux, or /proc read-only) the peak is the process's lifetime one, and
-``reset_peak_rss`` says so by returning False.
+``reset_peak_rss`` says so by returning False. Before the reset, ``release_free_memory``
+returns the heap an earlier job freed to the system (glibc's ``malloc_trim``), so that a
+job's figures are its own.
 
 RSS counts every resident page the process maps, the shared libraries that P ranks on one
 host hold once among them too, so P x RSS overstates what P ranks need. ``rank_memory``
@@ -19,6 +21,8 @@ Local calls, not collective.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import resource
 import sys
 
@@ -26,8 +30,27 @@ import sys
 SMAPS_ROLLUP = "/proc/self/smaps_rollup"
 
 
+def release_free_memory() -> bool:
+    """Give the C heap's free pages back to the system: a garbage collection, then glibc's
+    ``malloc_trim(0)`` (False where there is no glibc). A worker runs one job after another;
+    memory an earlier job freed stays in this process's heap, resident and counted in its
+    RSS and private pages, until trimmed."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
 def reset_peak_rss() -> bool:
-    """Restart this process's peak RSS from its current RSS; False where that is not possible."""
+    """Restart this process's peak RSS from its current RSS, after ``release_free_memory``
+    (so that an earlier job's freed heap is not counted); False where the restart is not
+    possible."""
+    release_free_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

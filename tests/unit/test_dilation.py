@@ -117,6 +117,49 @@ def test_auto_is_the_least_d_that_gives_every_thread_a_core(monkeypatch):
     assert EmulatedCluster(dilation=6).dilation_for(2, 1) == 6
 
 
+def test_the_floor_keeps_cpu_jobs_out_of_real_time_and_leaves_gpus_alone(monkeypatch):
+    """``min_dilation`` (``conf/cluster/emulated.yaml``: 2): ``auto`` gives CPU ranks at
+    least that D, where it would have given real time; a GPU's ranks (never dilated) and a
+    fixed ``dilation`` are left as they are."""
+    monkeypatch.setattr(emulated, "cores", lambda: 2)
+    c = EmulatedCluster(min_dilation=2)
+    assert [c.dilation_for(P, 1) for P in (1, 2, 3, 4, 8)] == [2, 2, 2, 2, 4]
+    assert [c.dilation_for(P, 1, "cuda:0") for P in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert EmulatedCluster(min_dilation=4).dilation_for(2, 1, "cpu") == 4
+    assert EmulatedCluster(dilation=1, min_dilation=4).dilation_for(2, 1) == 1
+    assert EmulatedCluster(dilation=6, min_dilation=8).dilation_for(1, 1) == 6
+
+
+def test_the_floor_reaches_the_check_and_the_gpu_rule(monkeypatch):
+    """A P = 1 CPU job under the floor is dilated, so it needs CPU caps (refused in one line
+    without them); the same job on a GPU is not dilated, so it is not refused."""
+    _checkable(monkeypatch, "no cgroup CPU controller")
+    with pytest.raises(ClusterError, match=r"^cluster.dilation=auto \(D = 2 for nodes=1\)"):
+        EmulatedCluster(min_dilation=2).check(1, 1)
+    EmulatedCluster(min_dilation=2).check(1, 1, "cuda")  # D = 1 on the GPU: no caps needed
+    cfg = OmegaConf.create(
+        {
+            "nodes": 1,
+            "threads_per_worker": None,
+            "backend": "auto",
+            "device": "cuda",
+            "compute": {"_target_": "gtopk.train.compute.MeasuredCompute"},
+        }
+    )
+    from gtopk.run import checks
+
+    monkeypatch.setattr(checks, "placement", lambda device, backend, wants_gpu: ("cuda", "nccl"))
+    EmulatedCluster(min_dilation=2).check_job(cfg)  # not refused: a GPU's ranks get no floor
+
+
+@pytest.mark.parametrize("value", [0, -1, "two", 201])
+def test_bad_min_dilation_is_one_line_naming_the_setting(value):
+    with pytest.raises(ClusterError) as e:
+        EmulatedCluster(min_dilation=value)
+    text = str(e.value)
+    assert text.startswith("cluster.min_dilation=") and "\n" not in text and "cluster.min_dilation=2" in text
+
+
 def test_links_run_at_the_rate_over_d_with_the_same_bytes_queued():
     c = EmulatedCluster(bandwidth="1gbit", burst="32kb", latency="10ms")
     assert c.shaping(1) == (10**9, 32768, 10_000)

@@ -124,3 +124,28 @@ def test_a_rank_that_reads_no_data_imports_no_torchvision():
     root = Path(__file__).resolve().parents[2]  # this tree's gtopk, wherever pytest runs from
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024.0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_a_job_does_not_count_the_heap_an_earlier_job_freed():
+    """Memory freed in the middle of the C heap stays resident (glibc returns only its top):
+    a worker's next job would count it in its RSS and private pages. ``reset_peak_rss``
+    trims the heap first, so the freed pages leave the RSS and the restarted peak."""
+    if not memory.release_free_memory():
+        pytest.skip("no glibc malloc_trim")
+    chunk, count = 48 * 1024, 2000  # below malloc's mmap threshold: on the heap (~94 MiB)
+    blocks = [bytearray(b"x" * chunk) for _ in range(count)]
+    keep = blocks[-1]  # the heap's top stays in use, so free() cannot give the rest back
+    freed_mb = chunk * (count - 1) / 2**20
+    del blocks
+    held = _rss_mb()
+    assert memory.reset_peak_rss()
+    after = _rss_mb()
+    assert held - after > 0.5 * freed_mb, (held, after, freed_mb)
+    assert memory.peak_rss_mb() < held - 0.5 * freed_mb
+    assert len(keep) == chunk

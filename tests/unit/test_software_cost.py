@@ -99,27 +99,3 @@ def test_payoff_networks_and_validation_carry_it():
     assert [n.software for n in nets] == [S, S]  # the calibrated network and the sweep's point
     assert nets[1].profile.network.software == S
     assert validate.net_of({"bandwidth": "1gbit"}, [prof]).software == S
-
-
-def test_the_calibration_pair_is_dilated_only_where_auto_would_give_it_real_time():
-    """netbench's ping-pong pair: on an emulated cluster at ``dilation=auto``, CPU ranks,
-    two ranks on this machine's cores get at least ``pingpong.min_dilation``; a fixed
-    dilation, a GPU pair or a min of 1 are left as they are."""
-    from omegaconf import OmegaConf
-
-    from gtopk.perf.netbench import pair_cfg
-    from gtopk.run.cluster import emulated
-
-    cfg = OmegaConf.create(
-        {"device": "cpu", "threads_per_worker": 1, "cluster": {"_target_": "gtopk.run.cluster.EmulatedCluster"}}
-    )
-    cfg.cluster.dilation = "auto"
-    cores = emulated.cores()
-    at2 = pair_cfg(cfg, 2, 2)
-    assert at2.cluster.dilation == (2 if -(-2 // cores) < 2 else "auto")  # ceil(2 x 1 / cores) below 2: raised
-    assert cfg.cluster.dilation == "auto"  # a copy: the caller's config is unchanged
-    assert pair_cfg(cfg, 2, 1) is cfg
-    fixed = OmegaConf.merge(cfg, {"cluster": {"dilation": 1}})
-    assert pair_cfg(fixed, 2, 2) is fixed
-    gpu = OmegaConf.merge(cfg, {"device": "cuda"})
-    assert pair_cfg(gpu, 2, 2) is gpu

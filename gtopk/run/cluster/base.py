@@ -60,9 +60,10 @@ class Cluster(ABC):
     #: short name for records and plots
     kind: str = "cluster"
 
-    def check(self, nodes: int) -> None:
-        """Raise ``ClusterError`` (naming the setting and the fix) if ``nodes`` workers
-        cannot run here. Cheap; called before any process starts."""
+    def check(self, nodes: int, threads: int | None = None, device: str = "cpu") -> None:
+        """Raise ``ClusterError`` (naming the setting and the fix) if ``nodes`` workers of
+        ``threads`` intra-op threads on ``device`` cannot run here. Cheap; called before any
+        process starts."""
         return None
 
     def check_job(self, cfg: Any) -> None:
@@ -85,9 +86,10 @@ class Cluster(ABC):
         """Build the network for ``nodes`` workers, yield their placement, tear it down
         on exit (also on exceptions and Ctrl-C)."""
 
-    def up_for(self, nodes: int, threads: int) -> AbstractContextManager[Placement]:
-        """``up(nodes)`` for workers of ``threads`` intra-op threads each (what the runner
-        calls; the emulated cluster's time dilation counts the threads)."""
+    def up_for(self, nodes: int, threads: int, device: str = "cpu") -> AbstractContextManager[Placement]:
+        """``up(nodes)`` for workers of ``threads`` intra-op threads each on ``device`` (what
+        the runner calls; the emulated cluster's time dilation counts the threads, and
+        dilates only CPU work)."""
         return self.up(nodes)
 
     def describe(self) -> dict:

@@ -56,6 +56,7 @@ EXAMPLES = {
     "mtu": "1500 or 9000",
     "gso_max_size": "16384, 65536 or null (the kernel's default)",
     "dilation": "auto (the least D >= nodes x threads / cores), 1 (real time) or 8",
+    "min_dilation": "2 (no CPU job in real time under dilation=auto) or 1 (no floor)",
 }
 MTU = (68, 65535)  # IPv4's smallest, a veth's largest
 MAX_DILATION = cpucap.MAX_PERIOD_US // cpucap.QUOTA_US  # a CPU cap's period (D x 5 ms) is at most 1 s
@@ -102,6 +103,11 @@ def rate_bits_per_s(rate: object) -> float:
     return float(_setting("bandwidth", rate, netns.parse_rate))
 
 
+def on_gpu(device: str) -> bool:
+    """Whether a job's resolved ``device`` (``cpu``, ``cuda``, ``cuda:1``) is a GPU."""
+    return str(device).startswith("cuda")
+
+
 def address(rank: int) -> str:
     n = rank + 1
     return f"10.99.{n >> 8}.{n & 255}"
@@ -110,7 +116,9 @@ def address(rank: int) -> str:
 class EmulatedCluster(Cluster):
     """Shaped namespaces; ``bandwidth`` per link and direction (tc syntax), ``burst`` the
     token bucket size, ``latency`` the longest a packet may queue in it, ``mtu`` bytes, all
-    in virtual time; ``dilation`` the time dilation D (``auto`` or an integer >= 1)."""
+    in virtual time; ``dilation`` the time dilation D (``auto`` or an integer >= 1);
+    ``min_dilation`` the least D that ``auto`` gives ranks computing on the CPU (1 here: no
+    floor; ``conf/cluster/emulated.yaml`` sets 2, so that no CPU job runs in real time)."""
 
     kind = "emulated"
     MAX_NODES = 4094
@@ -123,6 +131,7 @@ class EmulatedCluster(Cluster):
         mtu: int = 1500,
         gso_max_size: int | None = 16384,
         dilation: int | str = "auto",
+        min_dilation: int = 1,
     ):
         # parsed into numbers here, so no setting's text ever reaches ``ip``/``tc`` (their
         # commands are written from these numbers, ``_commands``); a bad one is a ClusterError
@@ -133,6 +142,7 @@ class EmulatedCluster(Cluster):
         gso = None if gso_max_size is None else _setting("gso_max_size", gso_max_size, _gso)
         self.gso_max_size = gso or None  # 0: the kernel's default, as null
         self.dilation = _setting("dilation", dilation, _dilation)
+        self.min_dilation = _setting("min_dilation", min_dilation, lambda v: netns.parse_count(v, 1, MAX_DILATION))
         if self.burst_bytes < self.mtu + ETH_HEADER:
             raise ClusterError(
                 f"cluster.burst={burst!r} is {self.burst_bytes} bytes, less than one frame of cluster.mtu={self.mtu} "
@@ -142,16 +152,19 @@ class EmulatedCluster(Cluster):
         self.bandwidth, self.burst, self.latency = str(bandwidth), str(burst), str(latency)
         self.bits_per_s = float(self.rate_bits)
 
-    def dilation_for(self, nodes: int, threads: int | None = None) -> int:
+    def dilation_for(self, nodes: int, threads: int | None = None, device: str = "cpu") -> int:
         """The time dilation D of ``nodes`` ranks of ``threads`` intra-op threads (None: the
-        launcher's default, ``gtopk.run.world.threads_per_worker``): the setting, or for
-        ``auto`` the least integer D >= nodes x threads / cores (at least 1)."""
+        launcher's default, ``gtopk.run.world.threads_per_worker``) on ``device``: the
+        setting, or for ``auto`` the least integer D >= nodes x threads / cores, at least
+        ``min_dilation`` where the ranks compute on the CPU (a GPU's work cannot be dilated:
+        there, at least 1)."""
         if self.dilation != "auto":
             return int(self.dilation)
         threads = threads or default_threads(nodes)
-        return max(1, math.ceil(nodes * threads / cores()))
+        floor = 1 if on_gpu(device) else self.min_dilation
+        return max(floor, math.ceil(nodes * threads / cores()))
 
-    def check(self, nodes: int, threads: int | None = None) -> None:
+    def check(self, nodes: int, threads: int | None = None, device: str = "cpu") -> None:
         reason = netns.unavailable_reason()
         if reason:
             raise ClusterError(
@@ -160,7 +173,7 @@ class EmulatedCluster(Cluster):
             )
         if nodes > self.MAX_NODES:
             raise ClusterError(f"nodes={nodes}: cluster=emulated supports at most {self.MAX_NODES} ranks")
-        d = self.dilation_for(nodes, threads)
+        d = self.dilation_for(nodes, threads, device)
         if d > MAX_DILATION:
             raise ClusterError(
                 f"cluster.dilation={self.dilation}: nodes={nodes} on {cores()} cores need D = {d}, above "
@@ -176,15 +189,15 @@ class EmulatedCluster(Cluster):
     def check_job(self, cfg: Any) -> None:
         """``check`` with the job's ``threads_per_worker``; a dilated job must compute on
         the CPU (its cap slows CPU work by D; a GPU's work would look D times too fast)."""
-        threads = cfg.get("threads_per_worker") or None
-        self.check(cfg.nodes, threads)
-        d = self.dilation_for(cfg.nodes, threads)
-        if d > 1:
-            from gtopk.run.checks import placement  # the device the job will run on
-            from gtopk.run.nodes import build
+        from gtopk.run.checks import placement  # the device the job will run on
+        from gtopk.run.nodes import build
 
-            device, _ = placement(cfg.device, cfg.backend, build(cfg, "compute").wants_gpu)
-            if device != "cpu":
+        threads = cfg.get("threads_per_worker") or None
+        device, _ = placement(cfg.device, cfg.backend, build(cfg, "compute").wants_gpu)
+        self.check(cfg.nodes, threads, device)
+        d = self.dilation_for(cfg.nodes, threads, device)
+        if d > 1:
+            if on_gpu(device):
                 raise ClusterError(
                     f"cluster.dilation={self.dilation} (D = {d}) with device={device}: time dilation slows CPU work "
                     "only, GPU work would look D times too fast; pass device=cpu, compute=replay or cluster.dilation=1"
@@ -236,15 +249,15 @@ class EmulatedCluster(Cluster):
             )
         return plan
 
-    def up_for(self, nodes: int, threads: int) -> AbstractContextManager[Placement]:
-        return self.up(nodes, threads)
+    def up_for(self, nodes: int, threads: int, device: str = "cpu") -> AbstractContextManager[Placement]:
+        return self.up(nodes, threads, device)
 
     @contextmanager
-    def up(self, nodes: int, threads: int | None = None) -> Iterator[Placement]:
+    def up(self, nodes: int, threads: int | None = None, device: str = "cpu") -> Iterator[Placement]:
         """The network of ``nodes`` ranks of ``threads`` intra-op threads each (None: the
-        launcher's default), dilated by ``dilation_for(nodes, threads)``."""
-        self.check(nodes, threads)
-        d = self.dilation_for(nodes, threads)
+        launcher's default) on ``device``, dilated by ``dilation_for(nodes, threads, device)``."""
+        self.check(nodes, threads, device)
+        d = self.dilation_for(nodes, threads, device)
         netns.sweep_stale()
         job = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}"
         names = [f"{job}-sw"] + [f"{job}-r{r}" for r in range(nodes)]

@@ -36,7 +36,7 @@ class SimulatedCluster(Cluster):
     def __init__(self, batched: str | bool = "auto", chunk: int | None = 64):
         self.batched, self.chunk = batched, chunk
 
-    def check(self, nodes: int) -> None:
+    def check(self, nodes: int, threads: int | None = None, device: str = "cpu") -> None:
         """Called where a real network is needed (the network benchmark): there is none."""
         raise ClusterError(
             "cluster=simulated has no network to benchmark (its workers share one process); "
