@@ -62,19 +62,20 @@ Key = tuple  # (reducer label, density or None): one line of the analysis
 
 def reducers(runs: Sequence[TrainRun]) -> tuple[dict[Key, Reducer], dict[Key, list[TrainRun]], dict[Key, str]]:
     """Per (label, density): the Reducer (config, fallback overheads of its run with the
-    fewest workers), its runs, and where its iterations come from; the reference baseline
-    (DDP, ``analysis.reducers.reference_baseline``) added when it was not trained, with the
-    runs of the reducers whose update is also the exact average (dense's)."""
+    fewest workers, one rank's: ``Reducer.trained``), its runs, and where its iterations
+    come from; the reference baseline (DDP, ``analysis.reducers.reference_baseline``) added
+    when it was not trained, with the runs of the reducers whose update is also the exact
+    average (dense's)."""
     by: dict[Key, list[TrainRun]] = defaultdict(list)
     for r in runs:
         by[r.label, r.density].append(r)
-    reds = {key: Reducer(key[0], rs[0].reducer_cfg, min(rs, key=lambda r: r.nodes).overheads) for key, rs in by.items()}
+    reds = {key: Reducer.trained(key[0], rs[0].reducer_cfg, min(rs, key=lambda r: r.nodes)) for key, rs in by.items()}
     origin = {key: "training run" for key in by}
     dense = [r for r in runs if r.exact_average]
     ref = reference_baseline()
     if ref is not None and (ref, None) not in by and dense:
         cfg = dict(conf_reducers()[ref])
-        reds[ref, None] = Reducer(ref, cfg, min(dense, key=lambda r: r.nodes).overheads)
+        reds[ref, None] = Reducer.trained(ref, cfg, min(dense, key=lambda r: r.nodes))
         by[ref, None] = dense
         origin[ref, None] = "dense training run (same update)"
     return reds, by, origin

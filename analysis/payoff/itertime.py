@@ -9,8 +9,8 @@ the local profile real compute); the median t_iter over such jobs. Otherwise it 
 *modelled* (``gtopk.perf.model.predict_iter``): t_compute from the compute profile for
 this batch; t_data, t_compr and the rest of the step (update, flattening, the non-finite
 check) from the benchmark job of that model and reducer config with the fewest workers
-(as ``analysis.scaling`` does), else from the convergence run's own steps; t_commu from
-the reducer's alpha-beta formula on the network.
+(as ``analysis.scaling`` does), else from the convergence run's own steps as one rank's
+(``training_overheads``); t_commu from the reducer's alpha-beta formula on the network.
 """
 
 from __future__ import annotations
@@ -24,11 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.reducers import declared
 from analysis.scaling import rest_of_iteration
+from analysis.training import TrainRun
 from gtopk.paper import single_node_throughput
 from gtopk.perf.model import NetworkProfile, model_shapes, predict_iter
 from gtopk.records.profiles import LOCAL_PROFILE
-from gtopk.records.rundir import finished
+from gtopk.records.rundir import RunDir, finished
+from gtopk.records.summary import SIMULATED_BACKEND
 
 #: the bandwidth sweep, Gbit/s, at the calibrated profile's alpha and software cost
 SWEEP_GBPS = (0.1, 1.0, 10.0, 100.0)
@@ -143,6 +146,37 @@ class Reducer:
     label: str
     cfg: dict = field(hash=False, compare=False)
     fallback: dict = field(default_factory=dict, hash=False, compare=False)  # overheads of a training run
+    fallback_from: str = field(default="training run", compare=False)  # where ``fallback`` came from
+
+    @classmethod
+    def trained(cls, label: str, cfg: dict, run: TrainRun) -> Reducer:
+        """The reducer ``label`` (config ``cfg``) whose fallback overheads are one rank's
+        of training run ``run`` (``training_overheads``)."""
+        over, source = training_overheads(run)
+        return cls(label, cfg, over, source)
+
+
+def training_overheads(run: TrainRun) -> tuple[dict, str]:
+    """One rank's t_data, t_compr and rest of the step (``t_update``) from a training run's
+    own steps (``run.overheads``), and where they came from.
+
+    A simulated run (``cluster=simulated``: P virtual ranks in one process) records as
+    t_update the step's shared part. For a reducer whose communication runs inside backward
+    (``overlaps_backward``: DDP's hooks, e.g. DDP-fp16's casts), that part holds the P
+    ranks' hook calls, made one after another (``gtopk.simulated.hooks.hook_group``) and
+    timed for none of them, where a real rank makes its own only, inside its backward: so
+    one rank's is t_update / P, the equal share the simulation gives each rank of the
+    batched backward (t_compute) and the check. (It leaves (P - 1) / P of the group's one
+    SGD step out.) Other reducers' group steps time each rank's own work as its t_compr
+    (``gtopk.simulated.reduce``); their t_update is kept. Pure: reads the run's summary."""
+    over = dict(run.overheads)
+    if not over or run.nodes <= 1 or not declared(run.reducer_name, run.reducer_cfg).overlaps_backward:
+        return over, "training run"
+    summary = RunDir(run.run_dir).summary_if_readable() or {}
+    if summary.get("backend") != SIMULATED_BACKEND:
+        return over, "training run"
+    over["t_update"] = over["t_update"] / run.nodes
+    return over, f"training run, t_update / {run.nodes} (its {run.nodes} simulated ranks' hooks)"
 
 
 class IterTimes:
@@ -195,7 +229,7 @@ class IterTimes:
             out["t_update"] = rest_of_iteration(df, commu_is_local=fewest == 1)
             return out, f"benchmark P={fewest}"
         if reducer.fallback:
-            return reducer.fallback, "training run"
+            return reducer.fallback, reducer.fallback_from
         return None
 
     def modelled(
