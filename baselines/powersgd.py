@@ -220,7 +220,13 @@ class PowerSGDReducer(DDPReducer):
     ) -> float:
         """The hook's three ring all-reduces of one bucket, one after the other: the
         uncompressed tensors, the Ps, the Qs (``gtopk.reducers.costmodel.powersgd_time``).
-        The compression arithmetic is not counted."""
+        Each of their 2(P - 1) ring steps costs alpha + max(software, its chunk's bytes x
+        beta) (``software_ring_time``): the per-message software cost the network's
+        calibration measures (``Network.software``) shows in a step whose wire time is
+        shorter, which these all-reduces of a few KB mostly are; DDP's large steps hide it
+        (measured: docs/payoff.md). The hook's arithmetic (matrix products,
+        orthogonalisation, error feedback, copies) is not counted: the P = 1 jobs whose
+        local times the model takes run no hook."""
         return powersgd_time(P, [bucket], net, matrix_approximation_rank, min_compression_rate)
 
     @classmethod

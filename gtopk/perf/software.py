@@ -11,8 +11,10 @@ small enough that its wire time and merges are negligible, at the ping-pong's P 
 each P of ``collectives.nodes``. Per sample: what the reduce took beyond the alpha-beta time
 of that call, divided by the messages on its critical path (the cost model's count,
 ``critical_messages``). The profile keeps the median at P = 2 (``software``, clipped at 0)
-and the samples. The backend's own collectives (dense all-reduce, DDP, PowerSGD, Top-k's
-all-gather) are gloo's or NCCL's C++ and do not carry it.
+and the samples. The backend's own collectives (dense all-reduce, DDP, Top-k's all-gather)
+are gloo's or NCCL's C++ and do not carry it in the model, except PowerSGD's few-KB
+all-reduces, whose ring steps cost alpha + max(software, wire time) there
+(``gtopk.reducers.costmodel.software_ring_time``, ``PowerSGDReducer.bucket_commu``).
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ class Network:
     def sparse(self) -> Network:
         """The network a message of this package's sparse rounds sees: alpha + software. The
         sparse reducers' ``predict_commu`` pass it to their formulas; the backend's own
-        collectives (dense all-reduce, DDP, PowerSGD, Top-k's all-gather: gloo's or NCCL's C++)
-        use ``self``."""
+        collectives (dense all-reduce, DDP, PowerSGD, Top-k's all-gather: gloo's or NCCL's
+        C++) use ``self`` (PowerSGD's small all-reduces: its ``software`` where it exceeds a
+        ring step's wire time, ``software_ring_time``)."""
         return Network(alpha=self.alpha + self.software, beta=self.beta)
 
     @classmethod
@@ -267,12 +268,25 @@ def ring_time(P: int, n: int, net: Network, word: int = VALUE_BYTES) -> float:
     return 0.0 if P == 1 or n == 0 else 2 * (P - 1) * net.msg(ring_chunk(n, P) * word)
 
 
+def software_ring_time(P: int, n: int, net: Network, word: int = VALUE_BYTES) -> float:
+    """One ring all-reduce of n elements whose 2(P - 1) steps each cost alpha + max(software,
+    chunk bytes x beta): a step's per-message software cost (``Network.software``) overlaps
+    its wire time, so it shows in small, latency-bound all-reduces and hides in large ones
+    (where this is ``ring_time``). With ``software`` 0 it is ``ring_time``."""
+    if P == 1 or n == 0:
+        return 0.0
+    return 2 * (P - 1) * (net.alpha + max(net.software, ring_chunk(n, P) * word * net.beta))
+
+
 def powersgd_time(
     P: int, buckets: list[list[tuple[int, ...]]], net: Network, rank: int, min_compression_rate: float
 ) -> float:
     """Critical-path time of one step of torch's PowerSGD hook: per bucket, the ring
-    all-reduces of the uncompressed tensors, of P and of Q one after the other (each with
-    its latency term), the buckets one after another. Compression arithmetic not counted."""
+    all-reduces of the uncompressed tensors, of P and of Q one after the other, each
+    ``software_ring_time`` (its latency and software terms), the buckets one after another.
+    Compression arithmetic not counted."""
     return sum(
-        ring_time(P, n, net) for bucket in buckets for n in powersgd_allreduces(bucket, rank, min_compression_rate)
+        software_ring_time(P, n, net)
+        for bucket in buckets
+        for n in powersgd_allreduces(bucket, rank, min_compression_rate)
     )
