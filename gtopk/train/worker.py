@@ -64,9 +64,9 @@ class Replica:
         # fused: one kernel per step instead of ~4 ops per tensor (harness overhead: docs/performance.md)
         self.opt = torch.optim.SGD(
             self.params,
-            lr=cfg.model.lr,
-            momentum=cfg.model.momentum,
-            weight_decay=cfg.model.weight_decay,
+            lr=float(cfg.model.lr),  # floats: an integer beyond int64 (e.g. 10**29) is a valid setting
+            momentum=float(cfg.model.momentum),
+            weight_decay=float(cfg.model.weight_decay),
             fused=True if device.type in ("cpu", "cuda") else None,
         )
         self.clock = Clock(device)

@@ -110,7 +110,8 @@ def usable(cfg: DictConfig) -> None:
     """What a worker builds from the settings that pass, built here: a step, the
     schedules over the whole run, seeds, loaders, timeouts and the run folder."""
     params = [torch.nn.Parameter(torch.zeros(3))]
-    opt = torch.optim.SGD(params, lr=cfg.model.lr, momentum=cfg.model.momentum, weight_decay=cfg.model.weight_decay)
+    m = cfg.model  # as the worker builds it (gtopk.train.worker): the numbers as floats
+    opt = torch.optim.SGD(params, lr=float(m.lr), momentum=float(m.momentum), weight_decay=float(m.weight_decay))
     params[0].grad = torch.ones(3)
     opt.step()
     assert torch.isfinite(params[0]).all()
