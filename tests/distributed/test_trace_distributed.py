@@ -51,7 +51,10 @@ def test_traces_of_real_ranks_line_up_and_change_nothing():
         if algorithm == "tree":  # root: 2 rounds up, 2 down; rank 1 (a leaf): one each way
             assert [sum(e[1] == ROUND for e in c["events"]) for c in calls][:2] == [4, 2]
         b = critical_path([c["events"] for c in calls], Network(alpha=1e-5, beta=1e-9))  # raises off one clock
-        assert b.messages >= 2 and 0 <= b.span <= b.total
+        # how many messages the path waits for depends on the timing (a message that arrived
+        # before its receive was posted costs the receiver nothing): at most those sent
+        sent = sum(e[1] == POST_SEND for c in calls for e in c["events"])
+        assert 0 <= b.messages <= sent and 0 <= b.span <= b.total
         assert b.skew + b.wire + b.transport + b.software == pytest.approx(b.total)
 
 
