@@ -44,6 +44,7 @@ class TrainRun:
     seed: int | None = None
     coverage: float | None = None  # final coverage (gtopk.records.regime); None when unknown
     still_rising: bool | None = None  # the test top-1 trend at the end; None: too few epochs
+    backend: str | None = None  # the summary's (``SIMULATED_BACKEND``: P virtual ranks in one process)
 
     @property
     def setup(self) -> tuple[str, str, int, int]:
@@ -177,6 +178,7 @@ def read_run(d: RunDir) -> TrainRun:
         seed=None if cfg.get("seed") is None else int(cfg["seed"]),
         coverage=state["coverage"],
         still_rising=state["still_rising"],
+        backend=summary.get("backend"),
     )
 
 

@@ -30,7 +30,7 @@ from analysis.training import TrainRun
 from gtopk.paper import single_node_throughput
 from gtopk.perf.model import NetworkProfile, model_shapes, predict_iter
 from gtopk.records.profiles import LOCAL_PROFILE
-from gtopk.records.rundir import RunDir, finished
+from gtopk.records.rundir import finished
 from gtopk.records.summary import SIMULATED_BACKEND
 
 #: the bandwidth sweep, Gbit/s, at the calibrated profile's alpha and software cost
@@ -168,12 +168,11 @@ def training_overheads(run: TrainRun) -> tuple[dict, str]:
     one rank's is t_update / P, the equal share the simulation gives each rank of the
     batched backward (t_compute) and the check. (It leaves (P - 1) / P of the group's one
     SGD step out.) Other reducers' group steps time each rank's own work as its t_compr
-    (``gtopk.simulated.reduce``); their t_update is kept. Pure: reads the run's summary."""
+    (``gtopk.simulated.reduce``); their t_update is kept."""
     over = dict(run.overheads)
-    if not over or run.nodes <= 1 or not declared(run.reducer_name, run.reducer_cfg).overlaps_backward:
+    if not over or run.nodes <= 1 or run.backend != SIMULATED_BACKEND:
         return over, "training run"
-    summary = RunDir(run.run_dir).summary_if_readable() or {}
-    if summary.get("backend") != SIMULATED_BACKEND:
+    if not declared(run.reducer_name, run.reducer_cfg).overlaps_backward:
         return over, "training run"
     over["t_update"] = over["t_update"] / run.nodes
     return over, f"training run, t_update / {run.nodes} (its {run.nodes} simulated ranks' hooks)"
