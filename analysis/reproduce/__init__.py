@@ -8,8 +8,8 @@
 * scaling targets (fig6, table4, breakdown; ``scaling`` makes all three; ``timing.py``) share
   the runs of ``runs/fig6_reproduce/``: the cluster (``pick_cluster``: emulated where it can be
   built, else loopback with a warning), the netbench calibration once per cluster setting
-  (``calibrate``), ``run.py -m experiment=fig6_reproduce`` and each ``--variants`` sweep
-  (``variant_sweeps``), with ``--full`` then each P beyond (16, 32) over the models whose P
+  (``calibrate``), ``run.py -m experiment=fig6_reproduce``, the v_1 jobs (``v1_sweep``) and each
+  ``--variants`` sweep (``variant_sweeps``), with ``--full`` then each P beyond (16, 32) over the models whose P
   ranks fit (``analysis.memfit``), the analysis scripts with the calibrated profile, the wandb export;
 * fig5 (``convergence.py``) trains the plan of ``fig5_plan`` (digits or Fashion-MNIST, quick or ``--full``);
 * validate (``validation.py``) runs ``experiment=model_validation`` (``--full``: then P = 16, 32
@@ -33,7 +33,7 @@ from analysis.reproduce.cli import main
 from analysis.reproduce.convergence import fig5, fig5_plan, fig5_sweeps
 from analysis.reproduce.steps import calibrate, cluster_args, pick_cluster
 from analysis.reproduce.sweep import ROOT, axis, first_job, first_values, keys, merged
-from analysis.reproduce.timing import DEFAULTS, SCALING_SCRIPTS, VARIANTS, scaling, variant_sweeps
+from analysis.reproduce.timing import DEFAULTS, SCALING_SCRIPTS, VARIANTS, scaling, v1_sweep, variant_sweeps
 from analysis.reproduce.validation import validate
 
 __all__ = [
@@ -58,5 +58,6 @@ __all__ = [
     "scale",
     "scaling",
     "validate",
+    "v1_sweep",
     "variant_sweeps",
 ]

@@ -8,7 +8,7 @@ import sys
 import time
 
 from analysis import memfit
-from analysis.reducers import conf_reducers
+from analysis.reducers import conf_reducers, reference_baseline
 from analysis.reproduce import steps
 from analysis.reproduce.sweep import ROOT, axis, merged
 
@@ -40,9 +40,21 @@ def variant_sweeps(overrides: list[str], variants=VARIANTS) -> list[list[str]]:
     return sweeps
 
 
+def v1_sweep(overrides: list[str]) -> list[list[str]]:
+    """The ``run.py -m`` argument lists of the v_1 jobs (``analysis.scaling.baseline_v1``):
+    the reference baseline's (DDP's: plain single-worker SGD at P = 1) P = 1 job of each model,
+    where the sweep has P = 1 but not that reducer. Fig. 6's lines are the paper's three
+    methods; every line's e(P) is over one single-worker throughput per model, as the paper's."""
+    ref = reference_baseline()
+    if ref is None or "1" not in axis(overrides, "nodes") or ref in axis(overrides, "reducer"):
+        return []
+    return [merged(overrides, ["nodes=1", f"reducer={ref}"])]
+
+
 def scaling(target: str, overrides: list[str], netbench: list[str], variants=(), full: bool = False) -> None:
     """Steps 1-4 of docs/reproducing.md ("What make reproduce-fig6 does") for a scaling
-    target, the ``variants`` swept after the experiment (``variant_sweeps``); ``full``: then
+    target, the v_1 jobs (``v1_sweep``) and the ``variants`` (``variant_sweeps``) swept after
+    the experiment; ``full``: then
     each P beyond the experiment's (``memfit.split``), its ``run.py -m`` over the models that
     fit, decided just before it (``memfit.sweep_at``), with its variants."""
     t0 = time.monotonic()
@@ -51,7 +63,7 @@ def scaling(target: str, overrides: list[str], netbench: list[str], variants=(),
     base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
     for nodes in [None, *beyond]:
         at = base if nodes is None else memfit.sweep_at(overrides, nodes, runs, axis)
-        for sweep in [at, *variant_sweeps(at, variants)] if at else []:
+        for sweep in [at, *v1_sweep(at), *variant_sweeps(at, variants)] if at else []:
             steps.run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
     for script in SCALING_SCRIPTS[target]:
         steps.run(

@@ -1,8 +1,9 @@
 """`make reproduce-fig6` end to end with tiny iteration counts: netbench, the
-``run.py -m experiment=fig6_reproduce`` sweep (every reducer, DDP's replayed backward
-included; the jobs of one P in one group of workers), the analysis scripts (Fig. 6, Table IV,
-the breakdown, the model check), the offline wandb export of every job and the analysis. On
-the emulated 1 Gbit/s cluster where root and ip/tc exist, else on loopback (the target's own
+``run.py -m experiment=fig6_reproduce`` sweep (the paper's three methods; the jobs of one P in
+one group of workers), the v_1 jobs (DDP at P = 1), the analysis scripts (Fig. 6, Table IV,
+the breakdown, the model check), the offline wandb export of every job and the analysis; then
+`make reproduce-fig6-baselines` into the same runs (DDP's replayed backward, Ok-Topk). On the
+emulated 1 Gbit/s cluster where root and ip/tc exist, else on loopback (the target's own
 fallback)."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from gtopk.run.cluster.netns import unavailable_reason
 from tests.wandb_records import offline_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = "model=resnet20 nodes=1,2 benchmark.warmup=1 benchmark.iters=1 batch_size=8"
+SMALL = "model=resnet20 benchmark.warmup=1 benchmark.iters=1 batch_size=8"
+TINY = f"{SMALL} nodes=1,2"
 NETBENCH = "pingpong.reps=2 pingpong.sizes=[8,65536,1048576]"
 
 
@@ -63,19 +65,26 @@ def test_reproduce_fig6_smoke(tmp_path):
     ours = fig6[fig6["kind"] != "paper"]
     assert set(ours["cluster"]) == {cluster} and set(ours["compute"]) == {"replay"}
     measured = ours[ours["kind"] == "measured"]
-    sampled = [f"{r} selection=sampled" for r in ("topk", "gtopk", "oktopk")]  # the variant sweep, by label
-    assert set(zip(measured["reducer"], measured["nodes"])) == {
-        (r, p) for r in ("dense", "topk", "gtopk", "oktopk", "ddp", *sampled) for p in (1, 2)
-    }
+    sampled = [f"{r} selection=sampled" for r in ("topk", "gtopk")]  # the variant sweep, by label
+    three = {(r, p) for r in ("dense", "topk", "gtopk", *sampled) for p in (1, 2)}
+    assert set(zip(measured["reducer"], measured["nodes"])) == three | {("ddp", 1)}  # + the v_1 job
     assert set(ours[ours["kind"] == "modelled"]["nodes"]) == {1, 2, 16, 32}
     assert measured.set_index(["reducer", "nodes"]).loc[("ddp", 1), "efficiency"] == pytest.approx(1.0)  # v_1
-    for nodes in (1, 2):  # the sweep's `nodes` axis comes first: the 5 jobs of a P share one group
-        jobs = [j for j in runs.glob(f"*,nodes={nodes},*") if "selection=" not in j.name]
-        assert len(jobs) == 5 and len({r["pid"] for j in jobs for r in read_jsonl(j / "iters.rank0.jsonl")}) == 1
+    for nodes in (1, 2):  # the sweep's `nodes` axis comes first: the 3 jobs of a P share one group
+        jobs = [j for j in runs.glob(f"*,nodes={nodes},*") if "selection=" not in j.name and "=ddp" not in j.name]
+        assert len(jobs) == 3 and len({r["pid"] for j in jobs for r in read_jsonl(j / "iters.rank0.jsonl")}) == 1
+
+    # the baselines beside them, into the same runs (its calibration is the one above)
+    wandb_dir = tmp_path / "wandb_all"
+    log = make("reproduce-fig6-baselines", runs, wandb_dir, f"{SMALL} nodes=2 reducer=ddp,oktopk")
+    assert "gtopk.perf.netbench" not in log
+    fig6 = pd.read_csv(runs / "analysis" / "fig6.csv")
+    measured = fig6[fig6["kind"] == "measured"]
+    assert set(zip(measured["reducer"], measured["nodes"])) == three | {("ddp", 1), ("ddp", 2), ("oktopk", 2)}
 
     exported = offline_runs(wandb_dir)  # every job and the analysis folder, offline, read back
     jobs = sorted(p.parent for p in runs.glob("*/summary.json"))
-    assert len(jobs) == 16 and len(exported) == 17 and "16 job run(s) and 1 analysis run(s) exported (offline)" in log
+    assert len(jobs) == 13 and len(exported) == 14 and "13 job run(s) and 1 analysis run(s) exported (offline)" in log
     for job in jobs:
         cfg, summary = yaml.safe_load((job / "config.yaml").read_text()), json.loads((job / "summary.json").read_text())
         run = next(r for r in exported.values() if r.config.get("run_dir") == str(job.resolve()))

@@ -47,3 +47,16 @@ def test_the_variant_sweep_runs_over_the_reducers_that_have_the_setting():
     ]
     assert reproduce.variant_sweeps(["experiment=fig6_reproduce", "reducer=dense,ddp"]) == []
     assert reproduce.variant_sweeps(base, []) == []
+
+
+def test_the_v1_jobs_are_the_reference_baselines_p1_jobs_where_the_sweep_lacks_them():
+    """The experiment's own sweep (no reducer or nodes given) is the paper's three methods at
+    P = 1, 4, 8: the v_1 jobs are DDP's at P = 1, over the same models; none where DDP is
+    swept already or where the sweep has no P = 1 (FULL's P = 16, 32, the baselines' 2, 4, 8)."""
+    (v1,) = reproduce.v1_sweep(["experiment=fig6_reproduce", "model=resnet20,vgg16"])
+    assert v1 == ["experiment=fig6_reproduce", "model=resnet20,vgg16", "nodes=1", "reducer=ddp"]
+    assert reproduce.axis(v1, "model") == ["resnet20", "vgg16"] and reproduce.axis(v1, "nodes") == ["1"]
+    assert "ddp" not in reproduce.axis(["experiment=fig6_reproduce"], "reducer")
+    assert reproduce.v1_sweep(["experiment=fig6_reproduce", "reducer=dense,ddp"]) == []
+    assert reproduce.v1_sweep(["experiment=fig6_reproduce", "nodes=16"]) == []
+    assert reproduce.v1_sweep(["experiment=fig6_baselines"]) == []

@@ -111,7 +111,8 @@ def test_full_plans_a_sweep_per_p_over_the_models_that_fit(fig6_runs, monkeypatc
     monkeypatch.setattr(steps, "run", calls.append)
     reproduce.main(["fig6", "--full", "cluster=local"])
     base = ["experiment=fig6_reproduce", "cluster=local"]
-    assert sweeps(calls) == [base, base + ["nodes=16", "model=vgg16,resnet20"], base + ["nodes=32", "model=resnet20"]]
+    v1 = base + ["nodes=1", "reducer=ddp"]  # the v_1 jobs (reproduce.v1_sweep), none beyond
+    assert sweeps(calls) == [base, v1, base + ["nodes=16", "model=vgg16,resnet20"], base + ["nodes=32", "model=resnet20"]]
     scripts = [c[2] for c in calls if c[1] == "-m"]
     assert scripts[0] == "gtopk.perf.netbench" and scripts[-1] == "analysis.wandb.export"
     assert scripts[1:-1] == [f"analysis.figures.{s}" for s in reproduce.SCALING_SCRIPTS["fig6"]]
@@ -157,7 +158,8 @@ def test_without_full_the_sweep_is_the_experiments(fig6_runs, monkeypatch):
     calls = []
     monkeypatch.setattr(steps, "run", calls.append)
     reproduce.main(["fig6", "cluster=local"])
-    assert sweeps(calls) == [["experiment=fig6_reproduce", "cluster=local"]]
+    base = ["experiment=fig6_reproduce", "cluster=local"]
+    assert sweeps(calls) == [base, base + ["nodes=1", "reducer=ddp"]]
     assert not (fig6_runs / "analysis" / memfit.CSV).exists()
 
 
