@@ -112,7 +112,12 @@ def test_full_plans_a_sweep_per_p_over_the_models_that_fit(fig6_runs, monkeypatc
     reproduce.main(["fig6", "--full", "cluster=local"])
     base = ["experiment=fig6_reproduce", "cluster=local"]
     v1 = base + ["nodes=1", "reducer=ddp"]  # the v_1 jobs (reproduce.v1_sweep), none beyond
-    assert sweeps(calls) == [base, v1, base + ["nodes=16", "model=vgg16,resnet20"], base + ["nodes=32", "model=resnet20"]]
+    assert sweeps(calls) == [
+        base,
+        v1,
+        base + ["nodes=16", "model=vgg16,resnet20"],
+        base + ["nodes=32", "model=resnet20"],
+    ]
     scripts = [c[2] for c in calls if c[1] == "-m"]
     assert scripts[0] == "gtopk.perf.netbench" and scripts[-1] == "analysis.wandb.export"
     assert scripts[1:-1] == [f"analysis.figures.{s}" for s in reproduce.SCALING_SCRIPTS["fig6"]]
