@@ -96,10 +96,10 @@ wandb-export: setup  ## Finished jobs + analysis outputs under RUNS (default run
 wandb-report: setup  ## wandb report of an experiment (online): ENTITY=... PROJECT=... [EXPERIMENT=...]
 	$(PY) -m analysis.wandb.report $(RUNS) --entity "$(ENTITY)" $(if $(PROJECT),--project "$(PROJECT)") $(if $(EXPERIMENT),--experiment "$(EXPERIMENT)")
 
-reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, P=1..8 measured, 16/32 modelled; FULL=1: 16/32 measured for the models whose ranks fit in memory
+reproduce-fig6: setup  ## Fig. 6, Table IV, breakdown, comm model: emulated 1 Gbit/s (else loopback), p102 replay, dense/Top-k/gTop-k at the paper's P=1,4,8 measured (v_1: DDP at P=1), 16/32 modelled; FULL=1: 16/32 measured for the models whose ranks fit in memory
 	$(REPRODUCE) fig6 $(if $(FULL),--full) --netbench "$(NETBENCH_ARGS)" --variants "$(VARIANTS)" $(ARGS)
 
-reproduce-fig6-baselines: setup  ## DDP-fp16 and PowerSGD (torch's hooks) beside Fig. 6 / Table IV / breakdown, into the runs of reproduce-fig6; FULL=1: also P=16, 32 where the ranks fit
+reproduce-fig6-baselines: setup  ## DDP, DDP-fp16, PowerSGD (torch's hooks) and Ok-Topk at P=2,4,8 beside Fig. 6 / Table IV / breakdown, into the runs of reproduce-fig6; FULL=1: also P=16, 32 where the ranks fit
 	$(REPRODUCE) fig6 experiment=fig6_baselines $(if $(FULL),--full) --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
 reproduce-table4: setup  ## Table IV: efficiency and gTop-k speedups (the runs of reproduce-fig6)
