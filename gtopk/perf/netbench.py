@@ -59,15 +59,24 @@ def settle(t: torch.Tensor) -> None:
         torch.cuda.synchronize(t.device)
 
 
+#: round trips, at least, of a message of at most ``SMALL_BYTES`` (alpha is the median of
+#: theirs, ``gtopk.perf.model.fit_alpha_beta``): each costs well under a millisecond. With 10,
+#: calibrations of one emulated 1 Gbit/s network on the quiet 2-core machine gave alpha
+#: 0.08-0.16 ms, and a size's median reached 0.59 ms; with 50 the small sizes agreed
+#: (0.09-0.11 ms; docs/payoff.md)
+SMALL_REPS, SMALL_BYTES = 50, 8192
+
+
 def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[int, float]] | None:
     """Collective over the group (ranks >= 2 only wait at the barrier). On rank 0:
-    [(bytes, one-way seconds)]."""
+    [(bytes, one-way seconds)]: the median of ``reps`` timed round trips per size (at least
+    ``SMALL_REPS`` up to ``SMALL_BYTES``), after two untimed ones, halved."""
     out = []
     if rank < 2:
         for n in sizes:
             buf = torch.zeros(max(1, n), dtype=torch.uint8, device=device())
             rtts = []
-            for i in range(reps + 2):
+            for i in range((max(reps, SMALL_REPS) if n <= SMALL_BYTES else reps) + 2):
                 t0 = host.now()
                 if rank == 0:
                     dist.send(buf, 1)
@@ -286,7 +295,8 @@ def main(cfg: DictConfig) -> None:
                 cluster=cluster,
                 backend=cfg.backend,
                 samples=samples,
-                notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size",
+                notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size "
+                f"(at least {SMALL_REPS} up to {SMALL_BYTES} bytes)",
                 **sw,
             )
             prof.save(out / "profile.json")
