@@ -53,6 +53,7 @@ class Net:
     calibrated: bool
     cluster: dict = field(default_factory=dict, hash=False, compare=False)
     software: float = 0.0  # s per message of the sparse reducers' own rounds (``Network.software``)
+    ring_alpha: float | None = None  # s per step of the backend's own ring collectives (``Network.ring_alpha``)
 
     @property
     def gbps(self) -> float:
@@ -61,19 +62,29 @@ class Net:
     @property
     def profile(self) -> NetworkProfile:
         return NetworkProfile(
-            alpha=self.alpha, beta=self.beta, name=self.name, cluster=dict(self.cluster), software=self.software
+            alpha=self.alpha,
+            beta=self.beta,
+            name=self.name,
+            cluster=dict(self.cluster),
+            software=self.software,
+            ring_alpha=self.ring_alpha,
         )
 
 
 def networks(profiles: Sequence[NetworkProfile], sweep: Iterable[float] = SWEEP_GBPS) -> list[Net]:
     """The calibrated profiles (named ``<name> (<Gbit/s>)``), then the sweep at the first
-    profile's alpha and software cost (named ``<Gbit/s> Gbit/s``)."""
-    nets = [
-        Net(f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)", p.alpha, p.beta, True, dict(p.cluster), p.software)
-        for p in profiles
+    profile's alpha, software cost and ring step (named ``<Gbit/s> Gbit/s``)."""
+    nets = [net_of_profile(p, f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)") for p in profiles]
+    first = profiles[0]
+    return nets + [
+        Net(f"{g:g} Gbit/s", first.alpha, 8.0 / (g * 1e9), False, software=first.software, ring_alpha=first.ring_alpha)
+        for g in sweep
     ]
-    alpha, software = profiles[0].alpha, profiles[0].software
-    return nets + [Net(f"{g:g} Gbit/s", alpha, 8.0 / (g * 1e9), False, software=software) for g in sweep]
+
+
+def net_of_profile(p: NetworkProfile, name: str | None = None) -> Net:
+    """A calibrated profile as a ``Net`` (named ``name``, else the profile's)."""
+    return Net(name or p.name, p.alpha, p.beta, True, dict(p.cluster), p.software, p.ring_alpha)
 
 
 class ComputeProfile(ABC):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.payoff.itertime import IterTimes, Net, Reducer, compute_profile, ran_on
+from analysis.payoff.itertime import IterTimes, Net, Reducer, compute_profile, net_of_profile, ran_on
 from analysis.reducers import declared
 from analysis.training import reducer_label
 from gtopk.perf.model import NetworkProfile
@@ -33,7 +33,7 @@ KEYS = ["bandwidth", "model", "nodes", "reducer"]
 def net_of(summary: dict, profiles: list[NetworkProfile]) -> Net | None:
     """The profile (as payoff's ``Net``) whose every cluster setting the job's summary has."""
     prof = next((p for p in profiles if ran_on(summary, p.cluster)), None)
-    return None if prof is None else Net(prof.name, prof.alpha, prof.beta, True, dict(prof.cluster), prof.software)
+    return None if prof is None else net_of_profile(prof)
 
 
 def ratio_row(summary: dict, pred: dict, overlaps_backward: bool) -> dict:
@@ -82,6 +82,7 @@ def validation_rows(root: str | Path, profiles: list[NetworkProfile], compute_ar
                 "calibrated_gbps": net.gbps,
                 "alpha_s": net.alpha,
                 "software_s": net.software,
+                "ring_alpha_s": net.ring_alpha,
                 "model": s["model"],
                 "nodes": P,
                 "reducer": reducer.label,

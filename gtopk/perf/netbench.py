@@ -4,7 +4,9 @@
    one-way time per size (half the median round trip) is fitted to ``alpha + beta * n``
    and saved as a network profile (``runs/net/<name>/profile.json``), with the software cost
    per message of the sparse reducers' own rounds (``gtopk.perf.software``: a gTop-k tree
-   reduce of a small gradient between the same two ranks, beyond its alpha-beta time).
+   reduce of a small gradient between the same two ranks, beyond its alpha-beta time) and
+   the latency of a step of the backend's own ring collectives (``ring_alpha``: its
+   all-reduce of the two ranks' flags, per step; ``gtopk.perf.latency`` has the measurements).
 2. Each reducer of ``collectives.reducers`` (dense all-reduce, Top-k all-gather, gTop-k
    tree and recursive doubling) is run for every P in ``collectives.nodes`` and gradient
    size in ``collectives.m`` with ``align_timing`` on (every rank starts the collective
@@ -21,7 +23,6 @@ world's size only).
 from __future__ import annotations
 
 import csv
-import socket
 import statistics
 import sys
 from pathlib import Path
@@ -32,77 +33,23 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gtopk import host
 from gtopk.perf import software
+from gtopk.perf.latency import (
+    SMALL_BYTES,
+    SMALL_REPS,
+    device,
+    on_one_host,
+    pingpong,
+    ring_latency,
+    round_latency,
+    span,
+)
 from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
 from gtopk.reducers.costmodel import Network, rd_time
-from gtopk.reducers.record import ReduceRecord
-from gtopk.reducers.schedules import Payload, recursive_doubling
-from gtopk.reducers.wire import PointToPoint
 from gtopk.run import checks, runner
 from gtopk.run.job import torchrun_world
 from gtopk.run.runner import GroupSpec, run_on_cluster
 from gtopk.run.world import join_group
-
-
-def device() -> torch.device:
-    """Where this rank's tensors live for the group's backend: its GPU under NCCL (bound by
-    ``join_group``), else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def settle(t: torch.Tensor) -> None:
-    """Wait until the work queued on ``t``'s device is done (NCCL returns before it is)."""
-    if t.is_cuda:
-        torch.cuda.synchronize(t.device)
-
-
-#: round trips, at least, of a message of at most ``SMALL_BYTES`` (alpha is the median of
-#: theirs, ``gtopk.perf.model.fit_alpha_beta``): each costs well under a millisecond. With 10,
-#: calibrations of one emulated 1 Gbit/s network on the quiet 2-core machine gave alpha
-#: 0.08-0.16 ms, and a size's median reached 0.59 ms; with 50 the small sizes agreed
-#: (0.09-0.11 ms; docs/payoff.md)
-SMALL_REPS, SMALL_BYTES = 50, 8192
-
-
-def pingpong(rank: int, world: int, sizes: list[int], reps: int) -> list[tuple[int, float]] | None:
-    """Collective over the group (ranks >= 2 only wait at the barrier). On rank 0:
-    [(bytes, one-way seconds)]: the median of ``reps`` timed round trips per size (at least
-    ``SMALL_REPS`` up to ``SMALL_BYTES``), after two untimed ones, halved."""
-    out = []
-    if rank < 2:
-        for n in sizes:
-            buf = torch.zeros(max(1, n), dtype=torch.uint8, device=device())
-            rtts = []
-            for i in range((max(reps, SMALL_REPS) if n <= SMALL_BYTES else reps) + 2):
-                t0 = host.now()
-                if rank == 0:
-                    dist.send(buf, 1)
-                    dist.recv(buf, 1)
-                else:
-                    dist.recv(buf, 0)
-                    dist.send(buf, 0)
-                settle(buf)
-                if i >= 2:
-                    rtts.append(host.now() - t0)
-            out.append((n, statistics.median(rtts) / 2))
-    dist.barrier()
-    return out if rank == 0 else None
-
-
-def on_one_host(world: int) -> bool:
-    """Collective: whether every rank runs on this host (one ``gtopk.host.now`` clock)."""
-    hosts: list = [None] * world
-    dist.all_gather_object(hosts, socket.gethostname())
-    return len(set(hosts)) == 1
-
-
-def span(starts: torch.Tensor, ends: torch.Tensor, one_clock: bool) -> float:
-    """Time from the last rank's start to the last rank's end (clock readings per rank);
-    without one shared clock, the slowest rank's own time."""
-    return (ends.max() - starts.max() if one_clock else (ends - starts).max()).item()
 
 
 def time_reducer(
@@ -164,32 +111,6 @@ def time_reducer(
     }
 
 
-def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | None:
-    """Collective. Median time, on rank 0, of a recursive-doubling exchange of 8-byte
-    messages over the whole group (the schedule gTop-k's ``recursive_doubling`` uses),
-    from the last rank's start to the last rank's end on one shared clock when every rank
-    runs on this host (else the slowest rank's own time). Divided by the model's number of
-    rounds it is the latency per message with all P ranks running, ``alpha_at_P``: on a
-    real cluster close to the ping-pong alpha; on an emulated one sharing few CPU cores
-    among P ranks it adds the cost of waking P processes every round."""
-    p2p = PointToPoint(ReduceRecord(), lambda r: r, None)
-    word = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float64), 8)
-    new_buf = lambda n: torch.empty(n, dtype=torch.uint8, device=device())  # noqa: E731
-    spans = []
-    for i in range(reps + 2):
-        dist.barrier()
-        t0 = host.now()
-        one = torch.ones(1, dtype=torch.float64, device=device())
-        settle(recursive_doubling(p2p, rank, world, one, torch.add, word, word, new_buf))
-        t = torch.tensor([t0, host.now()], dtype=torch.float64, device=device())
-        everyone = [torch.zeros_like(t) for _ in range(world)]
-        dist.all_gather(everyone, t)
-        e = torch.stack(everyone)
-        if i >= 2:
-            spans.append(span(e[:, 0], e[:, 1], one_clock))
-    return statistics.median(spans) if rank == 0 else None
-
-
 def reduce_spans(rank: int, world: int, cfg: dict) -> list[float] | None:
     """Collective. ``collectives.warmup`` + ``software.samples`` reduces of ``software.reducer``
     (one instance) on a gradient of ``software.m`` entries, timed by ``time_reducer``;
@@ -213,7 +134,10 @@ def cpu_times() -> tuple[float, float]:
 
 
 def _run_pingpong(rank: int, world: int, cfg: dict):
-    return pingpong(rank, world, list(cfg["pingpong"]["sizes"]), cfg["pingpong"]["reps"])
+    """Collective: the ping-pong's samples and the ring step's latency (rank 0; else None)."""
+    samples = pingpong(rank, world, list(cfg["pingpong"]["sizes"]), cfg["pingpong"]["reps"])
+    ring = ring_latency(rank, world, SMALL_REPS, on_one_host(world))
+    return (samples, ring) if rank == 0 else None
 
 
 def _run_collectives(rank: int, world: int, cfg: dict):
@@ -280,7 +204,7 @@ def main(cfg: DictConfig) -> None:
     if torchrun_world():
         join_group(cfg.backend, cfg.timeout_s, cfg.timeout_s)  # under NCCL: binds LOCAL_RANK's GPU first
     try:
-        samples = _on_cluster(_run_pingpong, 2, cfg, cfg_dict)
+        samples, ring_alpha = _on_cluster(_run_pingpong, 2, cfg, cfg_dict) or (None, None)
         spans = _on_cluster(reduce_spans, 2, cfg, cfg_dict)  # the sparse rounds' software cost
         if samples is not None:
             alpha, beta = fit_alpha_beta([n for n, _ in samples], [t for _, t in samples])
@@ -295,6 +219,7 @@ def main(cfg: DictConfig) -> None:
                 cluster=cluster,
                 backend=cfg.backend,
                 samples=samples,
+                ring_alpha=ring_alpha,
                 notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size "
                 f"(at least {SMALL_REPS} up to {SMALL_BYTES} bytes)",
                 **sw,
@@ -307,6 +232,10 @@ def main(cfg: DictConfig) -> None:
             print(
                 f"network profile {out / 'profile.json'}: alpha {alpha * 1e3:.4f} ms, beta {beta:.4e} s/byte "
                 f"({prof.bits_per_s / 1e9:.3f} Gbit/s); {big} B one way at {8 * big / t_big / 1e9:.3f} Gbit/s"
+            )
+            print(
+                f"ring step {ring_alpha * 1e3:.4f} ms: the median of {SMALL_REPS} all-reduces of the flags of "
+                f"{dist.get_world_size() if torchrun_world() else 2} ranks over their ring steps"
             )
             print(software.describe(prof.software, prof.software_samples, prof.software_notes))
             if "bandwidth_bits_per_s" in cluster:

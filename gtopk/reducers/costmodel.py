@@ -26,11 +26,16 @@ VALUE_BYTES = 4  # float32 on the wire
 class Network:
     """alpha: seconds per message; beta: seconds per byte; software: seconds that a message of
     this package's own sparse rounds costs beyond alpha (posting, encoding and decoding, the
-    merge's bookkeeping, waking the rank: ``gtopk.perf.software`` measures it), 0 unknown."""
+    merge's bookkeeping, waking the rank: ``gtopk.perf.software`` measures it), 0 unknown;
+    ring_alpha: seconds per step of the backend's own collectives (its ring all-reduce and
+    all-gather: ``ring_msg``), None where not measured (then alpha). gloo's TCP pairs send a
+    message only once its receiver has posted the receive, and a ring step posts both at once:
+    the step pays a notice's crossing before the data's (``gtopk.perf.netbench.ring_latency``)."""
 
     alpha: float
     beta: float
     software: float = 0.0
+    ring_alpha: float | None = None
 
     @property
     def sparse(self) -> Network:
@@ -48,6 +53,10 @@ class Network:
 
     def msg(self, nbytes: float) -> float:
         return self.alpha + nbytes * self.beta
+
+    def ring_msg(self, nbytes: float) -> float:
+        """One step of the backend's own ring collectives, carrying ``nbytes``."""
+        return (self.alpha if self.ring_alpha is None else self.ring_alpha) + nbytes * self.beta
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ def dense_traffic(P: int, bucket_sizes: list[int], word: int = VALUE_BYTES) -> T
 def dense_time(P: int, bucket_sizes: list[int], net: Network, word: int = VALUE_BYTES) -> float:
     if P == 1:
         return 0.0
-    return sum(2 * (P - 1) * net.msg(ring_chunk(n, P) * word) for n in bucket_sizes)
+    return sum(2 * (P - 1) * net.ring_msg(ring_chunk(n, P) * word) for n in bucket_sizes)
 
 
 # ---------------------------------------------------------------- topk: all-gather
@@ -123,7 +132,7 @@ def topk_traffic(P: int, k: int, m: int) -> Traffic:
 def topk_time(P: int, k: int, m: int, net: Network) -> float:
     if P == 1:
         return 0.0
-    return (P - 1) * net.msg(k * (index_bytes(m) + VALUE_BYTES))
+    return (P - 1) * net.ring_msg(k * (index_bytes(m) + VALUE_BYTES))
 
 
 # ---------------------------------------------------------------- gtopk
@@ -265,17 +274,18 @@ def powersgd_allreduces(bucket: list[tuple[int, ...]], rank: int, min_compressio
 
 def ring_time(P: int, n: int, net: Network, word: int = VALUE_BYTES) -> float:
     """One ring all-reduce of n elements (none for an empty tensor)."""
-    return 0.0 if P == 1 or n == 0 else 2 * (P - 1) * net.msg(ring_chunk(n, P) * word)
+    return 0.0 if P == 1 or n == 0 else 2 * (P - 1) * net.ring_msg(ring_chunk(n, P) * word)
 
 
 def software_ring_time(P: int, n: int, net: Network, word: int = VALUE_BYTES) -> float:
-    """One ring all-reduce of n elements whose 2(P - 1) steps each cost alpha + max(software,
-    chunk bytes x beta): a step's per-message software cost (``Network.software``) overlaps
+    """One ring all-reduce of n elements whose 2(P - 1) steps each cost a ring step's latency
+    (``Network.ring_msg``) + max(software, chunk bytes x beta): a step's per-message software
+    cost (``Network.software``) overlaps
     its wire time, so it shows in small, latency-bound all-reduces and hides in large ones
     (where this is ``ring_time``). With ``software`` 0 it is ``ring_time``."""
     if P == 1 or n == 0:
         return 0.0
-    return 2 * (P - 1) * (net.alpha + max(net.software, ring_chunk(n, P) * word * net.beta))
+    return 2 * (P - 1) * net.ring_msg(0) + 2 * (P - 1) * max(net.software, ring_chunk(n, P) * word * net.beta)
 
 
 def powersgd_time(

@@ -100,7 +100,7 @@ def rank_traffic(
 
 # ---------------------------------------------------------------- the model
 def _gather_time(P: int, entries: float, e: int, net: Network) -> float:
-    return (P - 1) * net.msg(e * math.ceil(entries / P))
+    return (P - 1) * net.ring_msg(e * math.ceil(entries / P))
 
 
 def p2p_time(P: int, k: int, m: int, net: Network, balance: bool = False) -> float:
@@ -118,13 +118,13 @@ def step_time(P: int, k: int, m: int, net: Network, gathered: float, balance: bo
     if P == 1:
         return 0.0
     e, c = entry_bytes(m), count_bytes(m)
-    meta = (P - 1) * (net.msg(c * P) + net.msg(c))
+    meta = (P - 1) * (net.ring_msg(c * P) + net.ring_msg(c))
     return meta + p2p_time(P, k, m, net, balance) + _gather_time(P, gathered, e, net)
 
 
 def boundary_time(P: int, net: Network) -> float:
     """The ring all-reduce of the P - 1 int64 boundaries."""
-    return 0.0 if P == 1 else 2 * (P - 1) * net.msg(META_BYTES * math.ceil((P - 1) / P))
+    return 0.0 if P == 1 else 2 * (P - 1) * net.ring_msg(META_BYTES * math.ceil((P - 1) / P))
 
 
 def oktopk_step_time(

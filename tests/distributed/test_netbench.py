@@ -36,6 +36,8 @@ def test_netbench_writes_profile_and_collectives(tmp_path):
     # the sparse rounds' software cost: one sample per timed reduce, the median clipped at 0
     assert len(profile["software_samples"]) == 5 and profile["software"] >= 0
     assert "P = 2" in profile["software_notes"] and "software cost per sparse message" in done.stdout
+    # a step of gloo's own ring (its all-reduce of the two ranks' flags), measured
+    assert profile["ring_alpha"] > 0 and "ring step" in done.stdout
     rows = pd.read_csv(out / "collectives.csv").set_index("reducer")
     assert set(rows.index) == {"dense", "topk", "gtopk_tree", "gtopk_rd"}
     assert (rows["nodes"] == 3).all() and (rows["m"] == 20000).all()

@@ -46,6 +46,10 @@ def test_alpha_beta_fit_recovers_synthetic_timings():
     bursty = [alpha + beta * max(0, n - 65536) if 8192 < n < (1 << 20) else alpha + beta * n for n in sizes]
     a, b = perfmodel.fit_alpha_beta(sizes, bursty)
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    # the burst also lets the small messages through at line rate: alpha is the smallest one's
+    ahead = [alpha + (beta * n if n >= 65536 else 0.0) for n in sizes]
+    a, b = perfmodel.fit_alpha_beta(sizes, ahead)
+    assert a == pytest.approx(alpha, rel=1e-3) and b == pytest.approx(beta, rel=1e-6)
     # too few large sizes: one least-squares line through everything
     a, b = perfmodel.fit_alpha_beta([100, 200, 300], [1.1, 1.2, 1.3])
     assert a == pytest.approx(1.0) and b == pytest.approx(1e-3)

@@ -81,3 +81,18 @@ def test_predict_body_waits_for_the_hook_after_backward():
 def test_ddp_keeps_bare_alpha():
     # DDP's all-reduce of the same bucket (1808 elements: chunks of 452 at P = 4): no software term
     assert DDPReducer.bucket_commu(4, BUCKET, NET) == pytest.approx(6 * (A + 452 * 4 * B))
+
+
+def test_a_measured_ring_step_latency_replaces_alpha_in_the_backends_collectives_only():
+    """``Network.ring_alpha`` (netbench's ring step) prices every step of the backend's own
+    ring collectives (dense and the check's all-reduce, Top-k's all-gather, PowerSGD's small
+    all-reduces); the sparse reducers' own point-to-point rounds keep alpha (+ software)."""
+    R = 3 * A
+    ring = Network(alpha=A, beta=B, software=S, ring_alpha=R)
+    assert cm.ring_time(4, 30, ring) == pytest.approx(6 * (R + 8 * 4 * B))
+    assert cm.dense_time(4, [30, 4_000], ring) == pytest.approx(6 * (R + 8 * 4 * B) + 6 * (R + 1_000 * 4 * B))
+    assert cm.topk_time(4, 10, 1_000, ring) == pytest.approx(3 * (R + 10 * (4 + 4) * B))
+    assert cm.software_ring_time(4, 30, ring) == pytest.approx(6 * (R + S))
+    assert cm.rd_time(4, 100, ring) == cm.rd_time(4, 100, NET)  # point to point: alpha
+    assert ring.msg(100) == NET.msg(100) and ring.ring_msg(100) == pytest.approx(R + 100 * B)
+    assert NET.ring_msg(100) == NET.msg(100)  # not measured (older profiles, the paper's): alpha
