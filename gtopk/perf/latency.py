@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import statistics
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,23 @@ def span(starts: torch.Tensor, ends: torch.Tensor, one_clock: bool) -> float:
     return (ends.max() - starts.max() if one_clock else (ends - starts).max()).item()
 
 
+def median_span(call: Callable[[], None], world: int, reps: int, one_clock: bool) -> float:
+    """Collective. ``call`` (itself collective) after a barrier, 2 untimed times then ``reps``
+    timed ones; the median ``span`` of the timed ones over the ranks' clock readings."""
+    spans = []
+    for i in range(reps + 2):
+        dist.barrier()
+        t0 = host.now()
+        call()
+        t = torch.tensor([t0, host.now()], dtype=torch.float64, device=device())
+        everyone = [torch.zeros_like(t) for _ in range(world)]
+        dist.all_gather(everyone, t)
+        e = torch.stack(everyone)
+        if i >= 2:
+            spans.append(span(e[:, 0], e[:, 1], one_clock))
+    return statistics.median(spans)
+
+
 def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | None:
     """Collective. Median time, on rank 0, of a recursive-doubling exchange of 8-byte
     messages over the whole group (the schedule gTop-k's ``recursive_doubling`` uses),
@@ -89,19 +107,13 @@ def round_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | 
     p2p = PointToPoint(ReduceRecord(), lambda r: r, None)
     word = Payload(lambda v: v.view(torch.uint8), lambda b: b.view(torch.float64), 8)
     new_buf = lambda n: torch.empty(n, dtype=torch.uint8, device=device())  # noqa: E731
-    spans = []
-    for i in range(reps + 2):
-        dist.barrier()
-        t0 = host.now()
+
+    def exchange() -> None:
         one = torch.ones(1, dtype=torch.float64, device=device())
         settle(recursive_doubling(p2p, rank, world, one, torch.add, word, word, new_buf))
-        t = torch.tensor([t0, host.now()], dtype=torch.float64, device=device())
-        everyone = [torch.zeros_like(t) for _ in range(world)]
-        dist.all_gather(everyone, t)
-        e = torch.stack(everyone)
-        if i >= 2:
-            spans.append(span(e[:, 0], e[:, 1], one_clock))
-    return statistics.median(spans) if rank == 0 else None
+
+    t = median_span(exchange, world, reps, one_clock)  # every rank: it is collective
+    return t if rank == 0 else None
 
 
 def ring_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | None:
@@ -113,16 +125,10 @@ def ring_latency(rank: int, world: int, reps: int, one_clock: bool) -> float | N
     both at once, so it pays a notice's crossing before the data's, where a ping-pong (whose
     receiver waits with its receive posted) pays one crossing."""
     flags = torch.zeros(world, device=device())
-    spans = []
-    for i in range(reps + 2):
-        dist.barrier()
-        t0 = host.now()
+
+    def check() -> None:
         dist.all_reduce(flags)
         settle(flags)
-        t = torch.tensor([t0, host.now()], dtype=torch.float64, device=device())
-        everyone = [torch.zeros_like(t) for _ in range(world)]
-        dist.all_gather(everyone, t)
-        e = torch.stack(everyone)
-        if i >= 2:
-            spans.append(span(e[:, 0], e[:, 1], one_clock))
-    return statistics.median(spans) / (2 * (world - 1)) if rank == 0 else None
+
+    t = median_span(check, world, reps, one_clock)  # every rank: it is collective
+    return t / (2 * (world - 1)) if rank == 0 else None

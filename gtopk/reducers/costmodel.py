@@ -285,7 +285,7 @@ def software_ring_time(P: int, n: int, net: Network, word: int = VALUE_BYTES) ->
     (where this is ``ring_time``). With ``software`` 0 it is ``ring_time``."""
     if P == 1 or n == 0:
         return 0.0
-    return 2 * (P - 1) * net.ring_msg(0) + 2 * (P - 1) * max(net.software, ring_chunk(n, P) * word * net.beta)
+    return 2 * (P - 1) * (net.ring_msg(0) + max(net.software, ring_chunk(n, P) * word * net.beta))
 
 
 def powersgd_time(
