@@ -46,7 +46,23 @@ def dilation(environ: Mapping[str, str] | None = None) -> int:
 
 
 _paced = threading.Lock()
-_last: tuple[float, float] | None = None  # (wall, CPU per thread) at this process's last dilated reading
+_last: tuple[float, float] | None = None  # (wall, reading thread's CPU) at this process's last dilated reading
+_credit = 0.0  # wall seconds slept beyond what was owed (negative: owed, not yet slept; ``_pace``)
+_overrun = 0.0  # running mean of a pacing sleep's overrun (wall seconds)
+_tight = threading.local()  # whether this thread's timer slack is already 1 ns
+
+PR_SET_TIMERSLACK = 29  # prctl(2)
+
+
+def _tight_timers() -> None:
+    """This thread's timer slack to 1 ns (Linux; once per thread): a sleep of a few
+    microseconds otherwise overruns by the default 50 us slack and more (70 us on the
+    2-core VM against 20 us at 1 ns; docs/cluster.md)."""
+    if getattr(_tight, "done", False):
+        return
+    _tight.done = True
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
 
 
 def now() -> float:
@@ -59,21 +75,44 @@ def now() -> float:
 
 def _pace(d: int) -> float:
     """The wall clock, after making the interval since the previous reading last at least
-    D x the CPU time this process spent in it (per intra-op thread): on a processor D times
-    slower, which is what the rank has in virtual time, CPU work cannot go faster than that.
+    D x the CPU time the reading thread spent in it: on a processor D times slower, which is
+    what the rank has in virtual time, CPU work cannot go faster than that. The reading
+    thread (the rank's main thread) takes its share of every intra-op parallel region, so its
+    CPU time is the work per intra-op thread; the backend's own threads (gloo's network loop,
+    which receives while the main thread computes) are left out, as they run beside it on a
+    node of its own. (The process's CPU time divided by the thread count counted them: a
+    merge of 57 us of CPU on the main thread came to 150-250 us on the virtual clock.)
     A short CPU burst runs at full speed under the CPU cap (``gtopk.run.cluster.cpucap``:
     the quota is 5 ms) and would otherwise look D times too fast; an interval that waited
     (network, sleep) or was slowed by the cap already lasts that long and is left alone.
     The pause lands at the reading, not inside the work (that is where the step's times
-    are taken: between two readings the rank sends nothing that is not already timed)."""
-    global _last
+    are taken: between two readings the rank sends nothing that is not already timed).
+
+    A sleep overruns what it asks for (the wake-up: 20-30 us on the 2-core VM with the
+    timer slack at 1 ns, ``_tight_timers``), and readings come a few microseconds apart in a
+    traced round, so the pacing keeps a signed balance, ``_credit`` (wall seconds slept
+    beyond what was owed; negative: owed but not yet slept): each sleep asks for what is
+    owed less the overrun expected (``_overrun``, a running mean), and what is owed below
+    that is carried to the next reading instead of slept. Readings are then neither late by
+    an overrun each nor early by more than one overrun / D. An interval that owed nothing
+    (it waited, or the cap slowed it) ends the balance: the wait absorbed it."""
+    global _last, _credit, _overrun
     with _paced:
-        wall, cpu = time.perf_counter(), time.process_time() / max(1, torch.get_num_threads())
+        wall, cpu = time.perf_counter(), time.thread_time()
         if _last is not None:
-            owed = d * (cpu - _last[1]) - (wall - _last[0])
-            if owed > 0:
-                time.sleep(owed)
-                wall = time.perf_counter()
+            debt = d * (cpu - _last[1]) - (wall - _last[0])
+            owed = debt - _credit
+            if debt <= 0:
+                _credit = 0.0
+            elif owed <= _overrun:
+                _credit = -owed
+            else:
+                _tight_timers()
+                asked = owed - _overrun
+                time.sleep(asked)
+                after = time.perf_counter()
+                _overrun += 0.125 * (max(0.0, after - wall - asked) - _overrun)
+                _credit, wall = (after - wall) - owed, after
         _last = (wall, cpu)
         return wall
 
@@ -81,6 +120,7 @@ def _pace(d: int) -> float:
 def sleep(seconds: float) -> None:
     """Sleep ``seconds`` of virtual time (``seconds`` x D on the wall)."""
     if seconds > 0:
+        _tight_timers()
         time.sleep(seconds * dilation())
 
 

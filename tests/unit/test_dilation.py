@@ -7,6 +7,8 @@ touches a cgroup; tests/netns/test_dilation.py does, as root."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -27,17 +29,19 @@ def dilated(monkeypatch):
         wall = 100.0
         cpu = 10.0
         slept: list[float] = []
+        overrun = 0.0  # what every sleep lasts beyond what it asked for (a wake-up)
 
     def set_d(d: int) -> type[Fake]:
         monkeypatch.setenv(host.DILATION_ENV, str(d))
         monkeypatch.setattr(host, "_last", None)
+        monkeypatch.setattr(host, "_credit", 0.0)
+        monkeypatch.setattr(host, "_overrun", 0.0)
         monkeypatch.setattr(host.time, "perf_counter", lambda: Fake.wall)
-        monkeypatch.setattr(host.time, "process_time", lambda: Fake.cpu)
-        monkeypatch.setattr(host.torch, "get_num_threads", lambda: 1)
+        monkeypatch.setattr(host.time, "thread_time", lambda: Fake.cpu)
 
         def sleep(s: float) -> None:
             Fake.slept.append(s)
-            Fake.wall += s
+            Fake.wall += s + Fake.overrun
 
         monkeypatch.setattr(host.time, "sleep", sleep)
         return Fake
@@ -82,6 +86,64 @@ def test_a_reading_paces_cpu_work_to_d_times_its_cpu_time(dilated):
     clock.cpu += 1.0  # half-way: paced to 4 s
     host.now()
     assert clock.slept[-1] == pytest.approx(2.0)
+
+
+def test_close_readings_do_not_add_a_sleeps_overrun_each(dilated):
+    """A traced round reads the clock every few microseconds, and every pacing sleep
+    overruns (30 us here): the overruns are credited and the small debts carried, so the
+    virtual time of a run of readings stays within one overrun / D of D x its CPU time,
+    and most readings do not sleep at all."""
+    d, us = 2, 1e-6
+    clock = dilated(d)
+    clock.overrun = 30 * us
+    start = host.now()
+    cpu = 0.0
+    for burst in [5] * 10 + [100] + [5] * 10 + [300]:  # microseconds of CPU at full speed
+        clock.wall += burst * us
+        clock.cpu += burst * us
+        cpu += burst * us
+        host.now()
+    clock.wall += 5 * us  # one more without CPU: the balance ends and the reading is exact
+    end = host.now()
+    assert end - start == pytest.approx(cpu + 5 * us / d, abs=30 * us / d)
+    assert len(clock.slept) <= 6  # not one per reading
+
+
+def test_a_wait_ends_the_balance(dilated):
+    clock = dilated(2)
+    clock.overrun = 30e-6
+    host.now()
+    clock.wall += 100e-6
+    clock.cpu += 100e-6
+    host.now()  # slept, overran: a credit
+    assert host._credit > 0
+    clock.wall += 1e-3  # waited for a message: nothing owed, the credit is gone
+    host.now()
+    assert host._credit == 0.0
+
+
+def test_the_backends_threads_are_not_charged_to_the_rank(monkeypatch):
+    """Pacing counts the reading thread's CPU: another thread of the process (gloo's
+    network loop) burning CPU while this one waits owes no pause (the process's CPU time
+    would owe D x its work)."""
+    monkeypatch.setenv(host.DILATION_ENV, "4")
+    monkeypatch.setattr(host, "_last", None)
+    monkeypatch.setattr(host, "_credit", 0.0)
+    asked: list[float] = []
+    real_sleep = host.time.sleep
+    monkeypatch.setattr(host.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
+
+    def burn() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.02:
+            pass
+
+    host.now()
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    host.now()
+    assert asked == []
 
 
 def test_real_time_is_untouched(dilated):
