@@ -5,7 +5,8 @@ Input: every rank's events of one call (``gtopk.reducers.wire.RoundTrace``; for 
 collective, ``collective_trace``), read on one clock that all ranks share: the host's
 monotonic clock (``time.perf_counter``, through ``gtopk.host.Clock``) when the ranks run on
 one machine (loopback, the emulated cluster's namespaces), in virtual seconds under time
-dilation. Every rank's events begin with ``START`` and end with ``END``.
+dilation. Every rank's events begin with ``START`` and end with ``END`` (``call_events``:
+a receive posted before the call, ``PointToPoint.post_early``, counts as posted at its start).
 
 **The walk.** From the rank that ends last, back in time: an interval that ends when a
 message completes is spent waiting for it. If the partner posted its half (the send this
@@ -94,6 +95,13 @@ def _ops(events: Sequence[Event], rank: int) -> tuple[dict, dict]:
         elif kind in (SENT, RECEIVED):
             by_completion[i] = open_[(a, kind == SENT)].pop(0)
     return by_completion, posted
+
+
+def call_events(events: Sequence[Event], start: float, end: float) -> list[Event]:
+    """One rank's events of one call between its ``START`` at ``start`` and its ``END`` at
+    ``end``; an event before ``start`` (a receive posted early, while the rank selected)
+    is read as at ``start``: it was ready when the call began."""
+    return [(start, START, 0, 0), *((max(t, start), kind, a, b) for t, kind, a, b in events), (end, END, 0, 0)]
 
 
 def critical_path(ranks: Sequence[Sequence[Event]], net: Network, collective_wire: float = 0.0) -> Breakdown:

@@ -34,12 +34,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from gtopk.host import Clock
 from gtopk.perf import netbench
 from gtopk.perf.model import NetworkProfile, check_reducer, fit_alpha_beta, predict_commu
-from gtopk.perf.trace import collective_trace, critical_path
+from gtopk.perf.trace import call_events, collective_trace, critical_path
 from gtopk.perf.tracebench import scheduling
 from gtopk.reducers import validate_density
 from gtopk.reducers.costmodel import Network, topk_time
 from gtopk.reducers.selection import k_for
-from gtopk.reducers.wire import END, START, RoundTrace
+from gtopk.reducers.wire import RoundTrace
 from gtopk.run import checks, runner
 from gtopk.run.runner import GroupSpec, run_on_cluster
 
@@ -147,7 +147,7 @@ def trace_worker(rank: int, P: int, cfg: dict, alpha: float, beta: float) -> lis
                 with collective_trace(trace):
                     reducer.reduce(grad)
                 s0, s1 = reducer.commu_span
-                events = [(s0, START, 0, 0), *trace.take(), (s1, END, 0, 0)]
+                events = call_events(trace.take(), s0, s1)
                 everyone: list = [None] * P
                 dist.all_gather_object(everyone, events)
                 if rank == 0 and step >= cfg["warmup"]:

@@ -14,7 +14,15 @@ from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
 from gtopk.reducers.record import ReduceRecord
 from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
-from gtopk.reducers.schedules import Payload, recursive_doubling, recursive_doubling_owned, tree_broadcast, tree_reduce
+from gtopk.reducers.schedules import (
+    Payload,
+    recursive_doubling,
+    recursive_doubling_owned,
+    recursive_doubling_receives,
+    tree_broadcast,
+    tree_reduce,
+    tree_reduce_first,
+)
 from gtopk.reducers.selection import k_for
 from gtopk.reducers.selector import Selector
 from gtopk.reducers.sparse import member_mask, merge
@@ -136,21 +144,32 @@ class GTopKReducer(SparseReducer):
             p2p, self.rank, self.world_size, values, lambda a, b: a + b, as_bytes, as_bytes, codec.empty
         )
 
+    def _first_receives(self, codec: SparseCodec) -> list[tuple[int, int]]:
+        """The receives this rank's schedule posts first, (source, bytes): posted before the
+        selection (``PointToPoint.post_early``)."""
+        if self.algorithm == "tree":
+            return tree_reduce_first(self.rank, self.world_size, codec.nbytes)
+        back = codec.index_nbytes if self.putback == "exact" else codec.nbytes
+        return recursive_doubling_receives(self.rank, self.world_size, codec.nbytes, back)
+
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
         P, m = self.world_size, grad.numel()
         k = k_for(self.density, m)
         self._k, self._rec, self._clock = k, rec, clock
         self._drops = [] if self.diagnostics and self.putback == "index" else None
         t0 = clock()
+        p2p = PointToPoint(rec, self.peer, self.group, self.trace)
+        codec = SparseCodec(k, m, grad.device)
+        p2p.post_early(self._first_receives(codec), codec.empty)  # the selection hides them
         acc = self.feedback.accumulate(grad)
         picks = self.selector.pick(acc, k)  # k entries on the wire; ``own``: the selected ones
         sparse, own = (picks.idx, picks.val), picks.own()
         t1 = clock()
         t1c = self._commu_start(clock)
-        p2p = PointToPoint(rec, self.peer, self.group, self.trace)
-        codec = SparseCodec(k, m, grad.device)
         schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
         final_idx, final_val = codec.tensors(schedule(p2p, codec, codec.item(*sparse), k))
+        if p2p.early_left():
+            raise RuntimeError(f"gTop-k {self.algorithm}: {p2p.early_left()} receive(s) posted early were never used")
         if self.putback == "exact":
             final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
         t2 = self._commu_end(clock)  # every rank holds the final k entries: the collective is done

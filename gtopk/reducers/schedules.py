@@ -56,6 +56,13 @@ def tree_reduce(p2p: PointToPoint, rank: int, P: int, item: Any, combine, msg: P
     return item
 
 
+def tree_reduce_first(rank: int, P: int, nbytes: int) -> list[tuple[int, int]]:
+    """``tree_reduce``'s first receive, (source, bytes), if ``rank`` has one: what the rank
+    may post before the collective (``PointToPoint.post_early``); the later ones stay one
+    round ahead."""
+    return [(rank + 1, nbytes)] if rank % 2 == 0 and rank + 1 < P else []
+
+
 def tree_broadcast(p2p: PointToPoint, rank: int, P: int, buf: Tensor | None, nbytes: int, new_buf) -> Tensor:
     """Binomial broadcast from rank 0 along the same tree, reversed (rank 0 passes ``buf``,
     the others None). Returns the buffer on every rank. A rank's receive is posted first."""
@@ -108,6 +115,17 @@ def recursive_doubling(
         p2p.mark(ROUND, steps + 1)
         p2p.send(back.encode(item), rank + P2)
     return item
+
+
+def recursive_doubling_receives(rank: int, P: int, nbytes: int, back_nbytes: int) -> list[tuple[int, int]]:
+    """Every receive of ``recursive_doubling`` on ``rank``, (source, bytes) in its posting
+    order: all are posted before the first round, so all may be posted before the
+    collective (``PointToPoint.post_early``)."""
+    P2 = 1 << (P.bit_length() - 1)
+    if rank >= P2:
+        return [(rank - P2, back_nbytes)]
+    fold = [(rank + P2, nbytes)] if rank + P2 < P else []
+    return fold + [(rank ^ (1 << s), nbytes) for s in range(P2.bit_length() - 1)]
 
 
 def recursive_doubling_owned(rank: int, P: int) -> list[bool]:

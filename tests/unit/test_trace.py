@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
-from gtopk.perf.trace import COLL_DONE, POST_COLL, critical_path
+from gtopk.perf.trace import COLL_DONE, POST_COLL, call_events, critical_path
 from gtopk.reducers import GTopKReducer, wire
 from gtopk.reducers.costmodel import Network
 from gtopk.reducers.wire import END, MERGED, POST_RECV, POST_SEND, RECEIVED, ROUND, SENT, START, RoundTrace
@@ -42,7 +42,7 @@ def run(P: int, settings: dict, net: Network = ROUNDS, traced: bool = True, seed
         update, rec = reducer.reduce(gs[rank].clone())
         events = None
         if traced:
-            events = [(start, START, 0, 0), *reducer.trace.take(), (clock(), END, 0, 0)]
+            events = call_events(reducer.trace.take(), start, clock())
         return events, update, reducer.feedback.residual.clone(), rec
 
     return world.run(rank_fn), world
@@ -102,6 +102,51 @@ def test_receives_are_posted_before_they_are_due():
     reduce = [START, POST_RECV, *one_round, *one_round, ROUND, RECEIVED, MERGED]
     assert [e[1] for e in out[0][0]] == [*reduce, *[ROUND, POST_SEND, SENT] * 3, END]
     assert [e[1] for e in out[1][0]] == [START, ROUND, POST_SEND, SENT, POST_RECV, ROUND, RECEIVED, END]
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "recursive_doubling"])
+@pytest.mark.parametrize("P", [2, 3, 5, 8, 16])
+def test_first_receives_are_posted_before_the_selection(monkeypatch, P, algorithm):
+    """The receives a schedule posts first (the tree's round-0 child; every receive of
+    recursive doubling) are posted before the rank selects, so neither the posting nor the
+    sender's wait for it is on the collective's path: the root's first receive, and every
+    rank's receives of recursive doubling (a rank above P2: its result's)."""
+    seen: dict[int, int] = {}
+    real = GTopKReducer._reduce
+
+    class Counted:  # the reducer's selector, counting the receives posted when it is called
+        def __init__(self, reducer):
+            self.reducer, self.selector = reducer, reducer.selector
+
+        def pick(self, acc, k):
+            seen[self.reducer.rank] = len(kinds(self.reducer.trace.events, POST_RECV))
+            return self.selector.pick(acc, k)
+
+    def spy(self, grad, rec, clock, out=None):
+        self.selector = Counted(self)
+        return real(self, grad, rec, clock, out)
+
+    monkeypatch.setattr(GTopKReducer, "_reduce", spy)
+    out, _ = run(P, {"algorithm": algorithm, "putback": "index"})
+    P2 = 1 << (P.bit_length() - 1)
+    for rank in range(P):
+        if algorithm == "tree":
+            want = 1 if rank % 2 == 0 and rank + 1 < P else 0
+        else:
+            want = len(kinds(out[rank][0], POST_RECV))  # all of them
+            assert want == (1 if rank >= P2 else (P2.bit_length() - 1) + (rank + P2 < P))
+        assert seen[rank] == want, rank
+    assert seen[0] >= 1
+
+
+def test_an_early_receive_the_schedule_does_not_take_is_refused(monkeypatch):
+    """A posted receive left unmatched would take the next call's message: refused."""
+    import gtopk.reducers.gtopk as gtopk_module
+
+    wrong = lambda rank, P, nbytes: [(1, nbytes)] if rank == 2 else []  # noqa: E731 (rank 2's parent is 0)
+    monkeypatch.setattr(gtopk_module, "tree_reduce_first", wrong)
+    with pytest.raises(RuntimeError, match="rank 2 of 3 failed.*posted early were never used"):
+        run(3, {"algorithm": "tree", "putback": "index"})
 
 
 def test_tracing_off_records_nothing_and_changes_no_result(monkeypatch):
