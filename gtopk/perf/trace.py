@@ -5,8 +5,9 @@ Input: every rank's events of one call (``gtopk.reducers.wire.RoundTrace``; for 
 collective, ``collective_trace``), read on one clock that all ranks share: the host's
 monotonic clock (``time.perf_counter``, through ``gtopk.host.Clock``) when the ranks run on
 one machine (loopback, the emulated cluster's namespaces), in virtual seconds under time
-dilation. Every rank's events begin with ``START`` and end with ``END`` (``call_events``:
-a receive posted before the call, ``PointToPoint.post_early``, counts as posted at its start).
+dilation. Every rank's events end with ``END`` and hold one ``START``; only receives posted
+before the call (``PointToPoint.post_early``, while the rank selected) come before it
+(``call_events``).
 
 **The walk.** From the rank that ends last, back in time: an interval that ends when a
 message completes is spent waiting for it. If the partner posted its half (the send this
@@ -98,20 +99,28 @@ def _ops(events: Sequence[Event], rank: int) -> tuple[dict, dict]:
 
 
 def call_events(events: Sequence[Event], start: float, end: float) -> list[Event]:
-    """One rank's events of one call between its ``START`` at ``start`` and its ``END`` at
-    ``end``; an event before ``start`` (a receive posted early, while the rank selected)
-    is read as at ``start``: it was ready when the call began."""
-    return [(start, START, 0, 0), *((max(t, start), kind, a, b) for t, kind, a, b in events), (end, END, 0, 0)]
+    """One rank's events of one call, its ``START`` at ``start`` and its ``END`` at ``end``:
+    the events read before ``start`` (receives posted early) come before ``START``."""
+    early = [e for e in events if e[0] < start]
+    return [*early, (start, START, 0, 0), *events[len(early) :], (end, END, 0, 0)]
 
 
 def critical_path(ranks: Sequence[Sequence[Event]], net: Network, collective_wire: float = 0.0) -> Breakdown:
-    """The critical path of one call (``ranks[i]``: rank i's events, START first, END
-    last, on one clock). ``collective_wire``: the alpha-beta time of a backend collective's
-    transfer (``COLL_DONE``); point-to-point transfers cost ``net.msg(bytes)``."""
+    """The critical path of one call (``ranks[i]``: rank i's events, on one clock: one
+    START, after it all but receives posted early, END last). ``collective_wire``: the
+    alpha-beta time of a backend collective's transfer (``COLL_DONE``); point-to-point
+    transfers cost ``net.msg(bytes)``. A walk that reaches a receive posted before its
+    rank's START stops there: from the first start to that post is skew (the rank was
+    still selecting)."""
     P = len(ranks)
+    starts = []
     for r, ev in enumerate(ranks):
-        if not ev or ev[0][1] != START or ev[-1][1] != END:
-            raise ValueError(f"rank {r}'s events must begin with {START!r} and end with {END!r}")
+        at = [i for i, e in enumerate(ev) if e[1] == START]
+        if len(at) != 1 or ev[-1][1] != END or any(e[1] != POST_RECV for e in ev[: at[0]]):
+            raise ValueError(
+                f"rank {r}'s events must hold one {START!r} (only early receives before it) and end with {END!r}"
+            )
+        starts.append(at[0])
     ops = [_ops(ev, r) for r, ev in enumerate(ranks)]
     index = {(r, i): n for r in range(P) for i, n in _nth_index(ops[r][1])}
     coll = [[i for i, e in enumerate(ev) if e[1] == POST_COLL] for ev in ranks]
@@ -123,18 +132,18 @@ def critical_path(ranks: Sequence[Sequence[Event]], net: Network, collective_wir
         for i, op in done.items():
             if ranks[op.peer][mirror(r, op).posted][0] > ranks[r][i][0]:
                 raise ValueError("events are not on one clock: a message completed before its partner posted it")
-    first = min(ev[0][0] for ev in ranks)
+    first = min(ev[at][0] for ev, at in zip(ranks, starts))
     out = Breakdown()
     rank = max(range(P), key=lambda r: ranks[r][-1][0])
     k = len(ranks[rank]) - 1
     out.total = ranks[rank][-1][0] - first
-    out.span = ranks[rank][-1][0] - max(ev[0][0] for ev in ranks)
+    out.span = ranks[rank][-1][0] - max(ev[at][0] for ev, at in zip(ranks, starts))
 
     def add(kind: str, seconds: float, who: int) -> None:
         setattr(out, kind, getattr(out, kind) + seconds)
         out.path.append((who, kind, seconds))
 
-    while ranks[rank][k][1] != START:
+    while k > starts[rank]:
         ev = ranks[rank]
         t_end = ev[k][0]
         j = k

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from gtopk.perf.trace import critical_path
+from gtopk.perf.trace import call_events, critical_path
 from gtopk.reducers import GTopKReducer
 from gtopk.reducers.costmodel import Network
-from gtopk.reducers.wire import END, POST_SEND, ROUND, START, RoundTrace
+from gtopk.reducers.wire import POST_SEND, ROUND, RoundTrace
 from gtopk.run.spawn import spawn
 from tests.config import ROOT
 
@@ -35,7 +35,7 @@ def traced_and_plain(rank: int, P: int) -> list[dict]:
         traced.trace = RoundTrace()
         got, rec = traced.reduce(grad.clone())
         s0, s1 = traced.commu_span
-        events = [(s0, START, 0, 0), *traced.trace.take(), (s1, END, 0, 0)]
+        events = call_events(traced.trace.take(), s0, s1)
         out.append({"same": torch.equal(want, got), "events": events, "bytes_sent": rec.bytes_sent})
     return out
 

@@ -217,6 +217,28 @@ def test_an_exchange_waits_for_the_partners_send():
     assert (b.total, b.skew, b.wire, b.transport, b.software, b.messages) == (6, 0, 1, 2, 3, 1)
 
 
+def test_a_receive_posted_early_is_ready_at_the_start():
+    """Rank 0 posted its receive at -5, while it selected, and starts at 0; rank 1 starts at
+    3 and sends at 4; rank 0 holds the data at 10 (the early events come first:
+    ``call_events``). The path goes back to rank 1's send, its own work 3..4, then skew 3."""
+    r0 = call_events([(-5, POST_RECV, 1, 8), (10, RECEIVED, 1, 8)], 0, 10)
+    assert [e[1] for e in r0] == [POST_RECV, START, RECEIVED, END]
+    r1 = call_events([(4, POST_SEND, 0, 8), (9, SENT, 0, 8)], 3, 9)
+    b = critical_path([r0, r1], NET)
+    assert (b.total, b.skew, b.wire, b.transport, b.software) == (10, 3, 1, 5, 1)
+
+
+def test_a_walk_that_reaches_an_early_receive_stops_there():
+    """Rank 0 starts at 0 and sends at 1; rank 1, still selecting, posts its receive only at
+    2 (early: it starts at 5); the data lands at 8. The send waited for rank 1's post: the
+    path is the transfer 2..8 and, before it, skew 2 (not rank 1's selection)."""
+    r0 = call_events([(1, POST_SEND, 1, 8), (8, SENT, 1, 8)], 0, 8)
+    r1 = call_events([(2, POST_RECV, 0, 8), (8, RECEIVED, 0, 8)], 5, 8)
+    b = critical_path([r0, r1], NET)
+    assert (b.total, b.skew, b.wire, b.transport, b.software) == (8, 2, 1, 5, 0)
+    assert b.skew + b.wire + b.transport + b.software == b.total
+
+
 def test_a_backend_collective_waits_for_the_last_rank_to_post():
     """Top-k's all-gather: rank 2 posts last (at 7), everyone holds the result at 9."""
     ranks = [
@@ -232,8 +254,10 @@ def test_events_off_one_clock_or_unframed_are_refused():
     r1 = [(0, START, 0, 0), (3, POST_SEND, 0, 8), (4, SENT, 0, 8), (4, END, 0, 0)]  # posted after r0 got it
     with pytest.raises(ValueError, match="one clock"):
         critical_path([r0, r1], NET)
-    with pytest.raises(ValueError, match="begin with"):
+    with pytest.raises(ValueError, match="one 'start'"):
         critical_path([r0[1:], r1], NET)
+    with pytest.raises(ValueError, match="one 'start'"):  # only receives posted early come before it
+        critical_path([[r1[1], r0[0], *r0[2:]], r1], NET)
 
 
 @pytest.mark.parametrize(
