@@ -45,11 +45,16 @@ def dilation(environ: Mapping[str, str] | None = None) -> int:
     return 1 if text is None else _parse_dilation(text)
 
 
-_paced = threading.Lock()
-_last: tuple[float, float] | None = None  # (wall, reading thread's CPU) at this process's last dilated reading
-_credit = 0.0  # wall seconds slept beyond what was owed (negative: owed, not yet slept; ``_pace``)
-_overrun = 0.0  # running mean of a pacing sleep's overrun (wall seconds)
-_tight = threading.local()  # whether this thread's timer slack is already 1 ns
+class _Pacing(threading.local):
+    """One thread's pacing state (``_pace``): each thread paces its own CPU time."""
+
+    last: tuple[float, float] | None = None  # (wall, this thread's CPU) at its last dilated reading
+    credit = 0.0  # wall seconds slept beyond what was owed (negative: owed, not yet slept)
+    overrun = 0.0  # running mean of a pacing sleep's overrun (wall seconds)
+    tight = False  # whether this thread's timer slack is already 1 ns
+
+
+_pacing = _Pacing()
 
 PR_SET_TIMERSLACK = 29  # prctl(2)
 
@@ -58,9 +63,9 @@ def _tight_timers() -> None:
     """This thread's timer slack to 1 ns (Linux; once per thread): a sleep of a few
     microseconds otherwise overruns by the default 50 us slack and more (70 us on the
     2-core VM against 20 us at 1 ns; docs/cluster.md)."""
-    if getattr(_tight, "done", False):
+    if _pacing.tight:
         return
-    _tight.done = True
+    _pacing.tight = True
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
 
@@ -81,7 +86,9 @@ def _pace(d: int) -> float:
     CPU time is the work per intra-op thread; the backend's own threads (gloo's network loop,
     which receives while the main thread computes) are left out, as they run beside it on a
     node of its own. (The process's CPU time divided by the thread count counted them: a
-    merge of 57 us of CPU on the main thread came to 150-250 us on the virtual clock.)
+    merge of 57 us of CPU on the main thread came to 150-250 us on the virtual clock.) Each
+    thread paces its own CPU time since its own previous reading (``_Pacing``): a thread's
+    CPU clock means nothing against another's (DDP's hooks read the clock on gloo's thread).
     A short CPU burst runs at full speed under the CPU cap (``gtopk.run.cluster.cpucap``:
     the quota is 5 ms) and would otherwise look D times too fast; an interval that waited
     (network, sleep) or was slowed by the cap already lasts that long and is left alone.
@@ -90,31 +97,30 @@ def _pace(d: int) -> float:
 
     A sleep overruns what it asks for (the wake-up: 20-30 us on the 2-core VM with the
     timer slack at 1 ns, ``_tight_timers``), and readings come a few microseconds apart in a
-    traced round, so the pacing keeps a signed balance, ``_credit`` (wall seconds slept
+    traced round, so the pacing keeps a signed balance, ``credit`` (wall seconds slept
     beyond what was owed; negative: owed but not yet slept): each sleep asks for what is
-    owed less the overrun expected (``_overrun``, a running mean), and what is owed below
+    owed less the overrun expected (``overrun``, a running mean), and what is owed below
     that is carried to the next reading instead of slept. Readings are then neither late by
     an overrun each nor early by more than one overrun / D. An interval that owed nothing
     (it waited, or the cap slowed it) ends the balance: the wait absorbed it."""
-    global _last, _credit, _overrun
-    with _paced:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        if _last is not None:
-            debt = d * (cpu - _last[1]) - (wall - _last[0])
-            owed = debt - _credit
-            if debt <= 0:
-                _credit = 0.0
-            elif owed <= _overrun:
-                _credit = -owed
-            else:
-                _tight_timers()
-                asked = owed - _overrun
-                time.sleep(asked)
-                after = time.perf_counter()
-                _overrun += 0.125 * (max(0.0, after - wall - asked) - _overrun)
-                _credit, wall = (after - wall) - owed, after
-        _last = (wall, cpu)
-        return wall
+    p = _pacing
+    wall, cpu = time.perf_counter(), time.thread_time()
+    if p.last is not None:
+        debt = d * (cpu - p.last[1]) - (wall - p.last[0])
+        owed = debt - p.credit
+        if debt <= 0:
+            p.credit = 0.0
+        elif owed <= p.overrun:
+            p.credit = -owed
+        else:
+            _tight_timers()
+            asked = owed - p.overrun
+            time.sleep(asked)
+            after = time.perf_counter()
+            p.overrun += 0.125 * (max(0.0, after - wall - asked) - p.overrun)
+            p.credit, wall = (after - wall) - owed, after
+    p.last = (wall, cpu)
+    return wall
 
 
 def sleep(seconds: float) -> None:

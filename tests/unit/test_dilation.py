@@ -33,9 +33,7 @@ def dilated(monkeypatch):
 
     def set_d(d: int) -> type[Fake]:
         monkeypatch.setenv(host.DILATION_ENV, str(d))
-        monkeypatch.setattr(host, "_last", None)
-        monkeypatch.setattr(host, "_credit", 0.0)
-        monkeypatch.setattr(host, "_overrun", 0.0)
+        monkeypatch.setattr(host, "_pacing", host._Pacing())
         monkeypatch.setattr(host.time, "perf_counter", lambda: Fake.wall)
         monkeypatch.setattr(host.time, "thread_time", lambda: Fake.cpu)
 
@@ -116,34 +114,39 @@ def test_a_wait_ends_the_balance(dilated):
     clock.wall += 100e-6
     clock.cpu += 100e-6
     host.now()  # slept, overran: a credit
-    assert host._credit > 0
+    assert host._pacing.credit > 0
     clock.wall += 1e-3  # waited for a message: nothing owed, the credit is gone
     host.now()
-    assert host._credit == 0.0
+    assert host._pacing.credit == 0.0
 
 
-def test_the_backends_threads_are_not_charged_to_the_rank(monkeypatch):
-    """Pacing counts the reading thread's CPU: another thread of the process (gloo's
-    network loop) burning CPU while this one waits owes no pause (the process's CPU time
-    would owe D x its work)."""
+def test_each_thread_paces_its_own_cpu(monkeypatch):
+    """Pacing counts the reading thread's CPU since that thread's previous reading. Another
+    thread of the process (gloo's network loop, which runs DDP's hooks) that burns CPU and
+    reads the clock pays for its own work; the main thread, which waited for it, owes
+    nothing (the process's CPU time would owe D x the other's work; one clock state for all
+    threads would compare the CPU clocks of two threads)."""
     monkeypatch.setenv(host.DILATION_ENV, "4")
-    monkeypatch.setattr(host, "_last", None)
-    monkeypatch.setattr(host, "_credit", 0.0)
-    asked: list[float] = []
-    real_sleep = host.time.sleep
-    monkeypatch.setattr(host.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
+    monkeypatch.setattr(host, "_pacing", host._Pacing())
+    asked: list[tuple[int, float]] = []
+    monkeypatch.setattr(host.time, "sleep", lambda s: asked.append((threading.get_ident(), s)))
 
     def burn() -> None:
+        host.now()
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.02:
             pass
+        host.now()
 
-    host.now()
+    host.now()  # the main thread's CPU clock is far ahead of the new thread's
+    asked.clear()
+    main = threading.get_ident()
     worker = threading.Thread(target=burn)
     worker.start()
     worker.join()
     host.now()
-    assert asked == []
+    assert [s for who, s in asked if who == main] == []
+    assert [who for who, _ in asked] == [worker.ident]  # the burn, paced on its own thread
 
 
 def test_real_time_is_untouched(dilated):
