@@ -45,16 +45,18 @@ def dilation(environ: Mapping[str, str] | None = None) -> int:
     return 1 if text is None else _parse_dilation(text)
 
 
-class _Pacing(threading.local):
-    """One thread's pacing state (``_pace``): each thread paces its own CPU time."""
+class _Pacing:
+    """The process's pacing state (``_pace``), shared by its threads under ``lock``."""
 
-    last: tuple[float, float] | None = None  # (wall, this thread's CPU) at its last dilated reading
-    credit = 0.0  # wall seconds slept beyond what was owed (negative: owed, not yet slept)
-    overrun = 0.0  # running mean of a pacing sleep's overrun (wall seconds)
-    tight = False  # whether this thread's timer slack is already 1 ns
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: tuple[float, float] | None = None  # (wall, CPU per thread) at the last dilated reading
+        self.credit = 0.0  # wall seconds slept beyond what was owed (negative: owed, not yet slept)
+        self.overrun = 0.0  # running mean of a pacing sleep's overrun (wall seconds)
 
 
 _pacing = _Pacing()
+_tight = threading.local()  # whether this thread's timer slack is already 1 ns
 
 PR_SET_TIMERSLACK = 29  # prctl(2)
 
@@ -63,9 +65,9 @@ def _tight_timers() -> None:
     """This thread's timer slack to 1 ns (Linux; once per thread): a sleep of a few
     microseconds otherwise overruns by the default 50 us slack and more (70 us on the
     2-core VM against 20 us at 1 ns; docs/cluster.md)."""
-    if _pacing.tight:
+    if getattr(_tight, "done", False):
         return
-    _pacing.tight = True
+    _tight.done = True
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
 
@@ -80,20 +82,17 @@ def now() -> float:
 
 def _pace(d: int) -> float:
     """The wall clock, after making the interval since the previous reading last at least
-    D x the CPU time the reading thread spent in it: on a processor D times slower, which is
-    what the rank has in virtual time, CPU work cannot go faster than that. The reading
-    thread (the rank's main thread) takes its share of every intra-op parallel region, so its
-    CPU time is the work per intra-op thread; the backend's own threads (gloo's network loop,
-    which receives while the main thread computes) are left out, as they run beside it on a
-    node of its own. (The process's CPU time divided by the thread count counted them: a
-    merge of 57 us of CPU on the main thread came to 150-250 us on the virtual clock.) Each
-    thread paces its own CPU time since its own previous reading (``_Pacing``): a thread's
-    CPU clock means nothing against another's (DDP's hooks read the clock on gloo's thread).
-    A short CPU burst runs at full speed under the CPU cap (``gtopk.run.cluster.cpucap``:
-    the quota is 5 ms) and would otherwise look D times too fast; an interval that waited
-    (network, sleep) or was slowed by the cap already lasts that long and is left alone.
-    The pause lands at the reading, not inside the work (that is where the step's times
-    are taken: between two readings the rank sends nothing that is not already timed).
+    D x the CPU time this process spent in it (per intra-op thread): on a processor D times
+    slower, which is what the rank has in virtual time, CPU work cannot go faster than that.
+    The process's CPU time counts all its threads, gloo's network thread too: the rank's CPU
+    cap (T / D cores) holds them all, so in virtual time they share its T cores, and gloo's
+    thread does its part of a message (reading it, waking the waiting thread) on the
+    message's path. A short CPU burst runs at full speed under the CPU cap
+    (``gtopk.run.cluster.cpucap``: the quota is 5 ms) and would otherwise look D times too
+    fast; an interval that waited (network, sleep) or was slowed by the cap already lasts
+    that long and is left alone. The pause lands at the reading, not inside the work (that
+    is where the step's times are taken: between two readings the rank sends nothing that is
+    not already timed).
 
     A sleep overruns what it asks for (the wake-up: 20-30 us on the 2-core VM with the
     timer slack at 1 ns, ``_tight_timers``), and readings come a few microseconds apart in a
@@ -104,23 +103,24 @@ def _pace(d: int) -> float:
     an overrun each nor early by more than one overrun / D. An interval that owed nothing
     (it waited, or the cap slowed it) ends the balance: the wait absorbed it."""
     p = _pacing
-    wall, cpu = time.perf_counter(), time.thread_time()
-    if p.last is not None:
-        debt = d * (cpu - p.last[1]) - (wall - p.last[0])
-        owed = debt - p.credit
-        if debt <= 0:
-            p.credit = 0.0
-        elif owed <= p.overrun:
-            p.credit = -owed
-        else:
-            _tight_timers()
-            asked = owed - p.overrun
-            time.sleep(asked)
-            after = time.perf_counter()
-            p.overrun += 0.125 * (max(0.0, after - wall - asked) - p.overrun)
-            p.credit, wall = (after - wall) - owed, after
-    p.last = (wall, cpu)
-    return wall
+    with p.lock:
+        wall, cpu = time.perf_counter(), time.process_time() / max(1, torch.get_num_threads())
+        if p.last is not None:
+            debt = d * (cpu - p.last[1]) - (wall - p.last[0])
+            owed = debt - p.credit
+            if debt <= 0:
+                p.credit = 0.0
+            elif owed <= p.overrun:
+                p.credit = -owed
+            else:
+                _tight_timers()
+                asked = owed - p.overrun
+                time.sleep(asked)
+                after = time.perf_counter()
+                p.overrun += 0.125 * (max(0.0, after - wall - asked) - p.overrun)
+                p.credit, wall = (after - wall) - owed, after
+        p.last = (wall, cpu)
+        return wall
 
 
 def sleep(seconds: float) -> None:

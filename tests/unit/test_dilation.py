@@ -35,7 +35,8 @@ def dilated(monkeypatch):
         monkeypatch.setenv(host.DILATION_ENV, str(d))
         monkeypatch.setattr(host, "_pacing", host._Pacing())
         monkeypatch.setattr(host.time, "perf_counter", lambda: Fake.wall)
-        monkeypatch.setattr(host.time, "thread_time", lambda: Fake.cpu)
+        monkeypatch.setattr(host.time, "process_time", lambda: Fake.cpu)
+        monkeypatch.setattr(host.torch, "get_num_threads", lambda: 1)
 
         def sleep(s: float) -> None:
             Fake.slept.append(s)
@@ -120,33 +121,30 @@ def test_a_wait_ends_the_balance(dilated):
     assert host._pacing.credit == 0.0
 
 
-def test_each_thread_paces_its_own_cpu(monkeypatch):
-    """Pacing counts the reading thread's CPU since that thread's previous reading. Another
-    thread of the process (gloo's network loop, which runs DDP's hooks) that burns CPU and
-    reads the clock pays for its own work; the main thread, which waited for it, owes
-    nothing (the process's CPU time would owe D x the other's work; one clock state for all
-    threads would compare the CPU clocks of two threads)."""
+def test_every_thread_of_the_rank_is_paced(monkeypatch):
+    """The rank's CPU cap holds all its threads, so the pacing counts the process's CPU:
+    work on another thread (gloo's network loop, which reads a message and wakes the waiting
+    thread) is owed at the next reading, on whichever thread reads the clock."""
     monkeypatch.setenv(host.DILATION_ENV, "4")
     monkeypatch.setattr(host, "_pacing", host._Pacing())
-    asked: list[tuple[int, float]] = []
-    monkeypatch.setattr(host.time, "sleep", lambda s: asked.append((threading.get_ident(), s)))
+    monkeypatch.setattr(host.torch, "get_num_threads", lambda: 1)
+    asked: list[float] = []
+    monkeypatch.setattr(host.time, "sleep", asked.append)
+    wall = [100.0]  # the wall clock moves only when told; the CPU clock is the real one
+    monkeypatch.setattr(host.time, "perf_counter", lambda: wall[0])
 
     def burn() -> None:
-        host.now()
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.02:
             pass
-        host.now()
 
-    host.now()  # the main thread's CPU clock is far ahead of the new thread's
-    asked.clear()
-    main = threading.get_ident()
+    host.now()
     worker = threading.Thread(target=burn)
     worker.start()
     worker.join()
+    wall[0] += 0.001
     host.now()
-    assert [s for who, s in asked if who == main] == []
-    assert [who for who, _ in asked] == [worker.ident]  # the burn, paced on its own thread
+    assert len(asked) == 1 and asked[0] >= 4 * 0.02 - 0.001  # D x the other thread's CPU, less the wall
 
 
 def test_real_time_is_untouched(dilated):
