@@ -140,7 +140,9 @@ def modelled(
             print(f"warning: no modelled line of experiment {lt['name']!r}: {e}", file=sys.stderr)
             continue
         for P in nodes:
-            pred = predict_iter(lt["reducer_cfg"], int(P), lt["params"], net.network, lt, lt["images_per_iter"], shapes)
+            pred = predict_iter(
+                lt["reducer_cfg"], int(P), lt["params"], net.network_at(int(P)), lt, lt["images_per_iter"], shapes
+            )
             rows.append(
                 {
                     **{k: lt[k] for k in SETUP + ["reducer"]},

@@ -28,7 +28,7 @@ def comparisons(jobs: pd.DataFrame, net: NetworkProfile) -> pd.DataFrame:
     rows = []
     for _, job in jobs[jobs["nodes"] > 1].iterrows():
         try:
-            row = compare(job.to_dict(), {"reducer": job["reducer_cfg"]}, net.network)
+            row = compare(job.to_dict(), {"reducer": job["reducer_cfg"]}, net)
         except UnknownConfig as e:  # a record naming no config of ours: left out, never loaded
             print(f"warning: skipping {job['run_dir']}: {e}", file=sys.stderr)
             continue

@@ -54,6 +54,7 @@ class Net:
     cluster: dict = field(default_factory=dict, hash=False, compare=False)
     software: float = 0.0  # s per message of the sparse reducers' own rounds (``Network.software``)
     ring_alpha: float | None = None  # s per step of the backend's own ring collectives (``Network.ring_alpha``)
+    ring_alpha_at: dict = field(default_factory=dict, hash=False, compare=False)  # {P: ring step at P}
 
     @property
     def gbps(self) -> float:
@@ -68,23 +69,32 @@ class Net:
             cluster=dict(self.cluster),
             software=self.software,
             ring_alpha=self.ring_alpha,
+            ring_alpha_at=dict(self.ring_alpha_at),
         )
 
 
 def networks(profiles: Sequence[NetworkProfile], sweep: Iterable[float] = SWEEP_GBPS) -> list[Net]:
     """The calibrated profiles (named ``<name> (<Gbit/s>)``), then the sweep at the first
-    profile's alpha, software cost and ring step (named ``<Gbit/s> Gbit/s``)."""
+    profile's alpha, software cost and ring steps (named ``<Gbit/s> Gbit/s``)."""
     nets = [net_of_profile(p, f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)") for p in profiles]
     first = profiles[0]
     return nets + [
-        Net(f"{g:g} Gbit/s", first.alpha, 8.0 / (g * 1e9), False, software=first.software, ring_alpha=first.ring_alpha)
+        Net(
+            f"{g:g} Gbit/s",
+            first.alpha,
+            8.0 / (g * 1e9),
+            False,
+            software=first.software,
+            ring_alpha=first.ring_alpha,
+            ring_alpha_at=dict(first.ring_alpha_at),
+        )
         for g in sweep
     ]
 
 
 def net_of_profile(p: NetworkProfile, name: str | None = None) -> Net:
     """A calibrated profile as a ``Net`` (named ``name``, else the profile's)."""
-    return Net(name or p.name, p.alpha, p.beta, True, dict(p.cluster), p.software, p.ring_alpha)
+    return Net(name or p.name, p.alpha, p.beta, True, dict(p.cluster), p.software, p.ring_alpha, dict(p.ring_alpha_at))
 
 
 class ComputeProfile(ABC):
@@ -265,7 +275,9 @@ class IterTimes:
         local, where = over
         local = {**local, "t_compute": t_compute}
         try:  # PowerSGD's model needs the layers: the model's config
-            pred = predict_iter(reducer.cfg, P, params, net.profile.network, local, batch * accum, model_shapes(model))
+            pred = predict_iter(
+                reducer.cfg, P, params, net.profile.network_at(P), local, batch * accum, model_shapes(model)
+            )
         except ValueError as e:
             return None, str(e)
         return {**local, **pred}, f"t_compute {compute.name}, overheads {where}"

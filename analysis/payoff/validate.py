@@ -82,7 +82,7 @@ def validation_rows(root: str | Path, profiles: list[NetworkProfile], compute_ar
                 "calibrated_gbps": net.gbps,
                 "alpha_s": net.alpha,
                 "software_s": net.software,
-                "ring_alpha_s": net.ring_alpha,
+                "ring_alpha_s": net.profile.ring_step(P),
                 "model": s["model"],
                 "nodes": P,
                 "reducer": reducer.label,

@@ -6,13 +6,14 @@ that replaces ``analysis.reproduce.steps.run`` sees every command a target would
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from analysis.reproduce.sweep import first_job, keys
+from analysis.reproduce.sweep import axis, first_job, keys
 
 
 def run(cmd: list[str]) -> None:
@@ -56,13 +57,28 @@ def cluster_args(cluster_name: str, cluster_cfg: dict) -> tuple[list[str], str]:
     return args, "_".join([cluster_name] + [f"{k}-{v}" for k, v in settings.items()])
 
 
+def ring_nodes(overrides: list[str]) -> list[int]:
+    """Every P the sweep runs with more than one rank: where netbench measures the ring step."""
+    return sorted({int(P) for P in axis(overrides, "nodes") if int(P) > 1})
+
+
+def covers(profile: Path, nodes: list[int]) -> bool:
+    """Whether a saved profile has the ring step measured at every P of ``nodes``."""
+    if not profile.exists():
+        return False
+    measured = json.loads(profile.read_text()).get("ring_alpha_at") or {}
+    return all(str(P) in measured for P in nodes)
+
+
 def calibrate(overrides: list[str], netbench: list[str]) -> tuple[Path, Path]:
     """(the sweep directory, the folder of its network profile): ``gtopk.perf.netbench``
-    ping-pong on the cluster of the sweep's first job, measured once per cluster setting."""
+    ping-pong on the cluster of the sweep's first job, with the ring step at every P the
+    sweep runs; measured once per cluster setting, again when a sweep has a P it lacks."""
     runs, cluster_name, cluster_cfg = first_job(overrides)
     nb_args, nb_name = cluster_args(cluster_name, cluster_cfg)
     net = runs / "net" / nb_name
-    if not (net / "profile.json").exists():
+    nodes = ring_nodes(overrides)
+    if not covers(net / "profile.json", nodes):
         run(
             [
                 sys.executable,
@@ -70,6 +86,7 @@ def calibrate(overrides: list[str], netbench: list[str]) -> tuple[Path, Path]:
                 "gtopk.perf.netbench",
                 *nb_args,
                 "collectives.nodes=[]",
+                f"ring.nodes=[{','.join(map(str, nodes))}]",
                 f"name={cluster_name}",
                 f"out={net}",
                 *netbench,

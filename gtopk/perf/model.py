@@ -25,6 +25,7 @@ before a config is loaded, a module imported or anything instantiated; others ra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -106,10 +107,26 @@ class NetworkProfile:
     software_samples: list = field(default_factory=list)  # seconds per message, one per timed reduce
     software_notes: str = ""  # how it was measured
     ring_alpha: float | None = None  # s per step of the backend's own ring collectives (None: alpha)
+    ring_alpha_at: dict = field(default_factory=dict)  # {P: s per ring step measured with P ranks up}
 
     @property
     def network(self) -> Network:
+        """The network at the ping-pong's P (``ring_alpha``); ``network_at`` for a given P."""
         return Network(alpha=self.alpha, beta=self.beta, software=self.software, ring_alpha=self.ring_alpha)
+
+    def ring_step(self, P: int) -> float | None:
+        """The ring step's latency the model uses at P: the one measured with P ranks up
+        (``ring_alpha_at``), else the one measured at the nearest P on a log2 scale (ties: the
+        larger P; beyond the largest measured P, the largest's), else ``ring_alpha``."""
+        if not self.ring_alpha_at:
+            return self.ring_alpha
+        at = {int(p): float(v) for p, v in self.ring_alpha_at.items()}
+        nearest = min(at, key=lambda q: (abs(math.log2(q) - math.log2(max(P, 1))), -q))
+        return at[nearest]
+
+    def network_at(self, P: int) -> Network:
+        """The network the model uses for a job of P ranks (its ring step: ``ring_step``)."""
+        return dataclasses.replace(self.network, ring_alpha=self.ring_step(P))
 
     @property
     def bits_per_s(self) -> float:
@@ -254,10 +271,12 @@ def finished_jobs(roots: Iterable[str | Path]) -> list[tuple[dict, dict]]:
     return [(d.read_summary(), d.read_config()) for d in finished(roots)]
 
 
-def compare(summary: Mapping, cfg: Mapping, net: Network) -> dict:
-    """Measured against predicted t_commu and t_iter for one finished job; UnknownConfig
-    when its model or reducer is not one of ``conf/`` (see ``check_model``)."""
+def compare(summary: Mapping, cfg: Mapping, net: Network | NetworkProfile) -> dict:
+    """Measured against predicted t_commu and t_iter for one finished job (on a profile: its
+    ``network_at`` the job's P); UnknownConfig when its model or reducer is not one of
+    ``conf/`` (see ``check_model``)."""
     P, m = int(summary["nodes"]), int(summary["params"])
+    net = net.network_at(P) if isinstance(net, NetworkProfile) else net
     images = int(summary["batch_per_worker"]) * int(summary["grad_accum_steps"])
     pred = predict_iter(cfg["reducer"], P, m, net, summary, images, model_shapes(summary["model"]))
     out = {k: summary.get(k) for k in ("reducer", "model", "nodes", "density", "compute", "cluster")}
@@ -285,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for d in finished(args.runs):
         try:
-            rows.append(compare(d.read_summary(), d.read_config(), net))
+            rows.append(compare(d.read_summary(), d.read_config(), prof))
         except UnknownConfig as e:  # a record's name that conf/ does not have: that job only
             print(f"warning: skipping {d.path}: {e}", file=sys.stderr)
     if not rows:

@@ -6,7 +6,9 @@
    per message of the sparse reducers' own rounds (``gtopk.perf.software``: a gTop-k tree
    reduce of a small gradient between the same two ranks, beyond its alpha-beta time) and
    the latency of a step of the backend's own ring collectives (``ring_alpha``: its
-   all-reduce of the two ranks' flags, per step; ``gtopk.perf.latency`` has the measurements).
+   all-reduce of the two ranks' flags, per step; ``gtopk.perf.latency`` has the measurements),
+   and that step again with P ranks up for each P of ``ring.nodes`` (``ring_alpha_at``: the
+   model's ring step at P, ``NetworkProfile.ring_step``).
 2. Each reducer of ``collectives.reducers`` (dense all-reduce, Top-k all-gather, gTop-k
    tree and recursive doubling) is run for every P in ``collectives.nodes`` and gradient
    size in ``collectives.m`` with ``align_timing`` on (every rank starts the collective
@@ -140,6 +142,22 @@ def _run_pingpong(rank: int, world: int, cfg: dict):
     return (samples, ring) if rank == 0 else None
 
 
+def _run_ring(rank: int, world: int, cfg: dict) -> float | None:
+    """Collective: the ring step's latency with ``world`` ranks up (rank 0; else None)."""
+    return ring_latency(rank, world, cfg["ring"]["reps"], on_one_host(world))
+
+
+def ring_steps(cfg: DictConfig, cfg_dict: dict, at_pair: float) -> dict[int, float]:
+    """Collective, one group per P: the ring step at each P of ``ring.nodes`` (P = 2: the
+    ping-pong pair's ``at_pair``; under torchrun only the world's, which ``at_pair`` is)."""
+    if torchrun_world():
+        return {dist.get_world_size(): at_pair}
+    out = {2: at_pair}
+    for P in sorted(set(cfg.ring.nodes) - {1, 2}):
+        out[P] = _on_cluster(_run_ring, P, cfg, cfg_dict)
+    return out
+
+
 def _run_collectives(rank: int, world: int, cfg: dict):
     c = cfg["collectives"]
     out = []
@@ -194,6 +212,10 @@ def main(cfg: DictConfig) -> None:
             # backend=nccl: NCCL on this machine's GPUs, one per rank
             cfg.device, cfg.backend = checks.placement(cfg.device, cfg.backend, wants_gpu=False)
         cluster = checks.build(cfg, "cluster")
+        if any(not isinstance(P, int) or isinstance(P, bool) or P < 1 for P in cfg.ring.nodes):
+            raise checks.ConfigError(
+                f"ring.nodes={list(cfg.ring.nodes)} must be numbers of ranks >= 1, e.g. ring.nodes=[2,4,8]"
+            )
     except checks.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -206,6 +228,7 @@ def main(cfg: DictConfig) -> None:
     try:
         samples, ring_alpha = _on_cluster(_run_pingpong, 2, cfg, cfg_dict) or (None, None)
         spans = _on_cluster(reduce_spans, 2, cfg, cfg_dict)  # the sparse rounds' software cost
+        ring_at = ring_steps(cfg, cfg_dict, ring_alpha) if samples is not None else {}
         if samples is not None:
             alpha, beta = fit_alpha_beta([n for n, _ in samples], [t for _, t in samples])
             big, t_big = samples[-1]
@@ -220,6 +243,7 @@ def main(cfg: DictConfig) -> None:
                 backend=cfg.backend,
                 samples=samples,
                 ring_alpha=ring_alpha,
+                ring_alpha_at={str(P): t for P, t in ring_at.items()},
                 notes=f"ping-pong between 2 ranks, {cfg.pingpong.reps} round trips per size "
                 f"(at least {SMALL_REPS} up to {SMALL_BYTES} bytes)",
                 **sw,
@@ -235,7 +259,8 @@ def main(cfg: DictConfig) -> None:
             )
             print(
                 f"ring step {ring_alpha * 1e3:.4f} ms: the median of {SMALL_REPS} all-reduces of the flags of "
-                f"{dist.get_world_size() if torchrun_world() else 2} ranks over their ring steps"
+                f"{dist.get_world_size() if torchrun_world() else 2} ranks over their ring steps; with P ranks up: "
+                + ", ".join(f"P = {P} {t * 1e3:.4f} ms" for P, t in sorted(ring_at.items()))
             )
             print(software.describe(prof.software, prof.software_samples, prof.software_notes))
             if "bandwidth_bits_per_s" in cluster:

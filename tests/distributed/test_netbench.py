@@ -27,6 +27,8 @@ def test_netbench_writes_profile_and_collectives(tmp_path):
         "collectives.iters=2",
         "collectives.latency_reps=2",
         "software.samples=5",
+        "ring.nodes=[2,3]",
+        "ring.reps=3",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -38,6 +40,9 @@ def test_netbench_writes_profile_and_collectives(tmp_path):
     assert "P = 2" in profile["software_notes"] and "software cost per sparse message" in done.stdout
     # a step of gloo's own ring (its all-reduce of the two ranks' flags), measured
     assert profile["ring_alpha"] > 0 and "ring step" in done.stdout
+    # and with P ranks up: P = 2 is the pair's, P = 3 a group of its own
+    assert set(profile["ring_alpha_at"]) == {"2", "3"} and profile["ring_alpha_at"]["2"] == profile["ring_alpha"]
+    assert profile["ring_alpha_at"]["3"] > 0 and "P = 3" in done.stdout
     rows = pd.read_csv(out / "collectives.csv").set_index("reducer")
     assert set(rows.index) == {"dense", "topk", "gtopk_tree", "gtopk_rd"}
     assert (rows["nodes"] == 3).all() and (rows["m"] == 20000).all()
