@@ -70,14 +70,15 @@ def covers(profile: Path, nodes: list[int]) -> bool:
     return all(str(P) in measured for P in nodes)
 
 
-def calibrate(overrides: list[str], netbench: list[str]) -> tuple[Path, Path]:
+def calibrate(overrides: list[str], netbench: list[str], beyond: list[int] = ()) -> tuple[Path, Path]:
     """(the sweep directory, the folder of its network profile): ``gtopk.perf.netbench``
     ping-pong on the cluster of the sweep's first job, with the ring step at every P the
-    sweep runs; measured once per cluster setting, again when a sweep has a P it lacks."""
+    sweep runs and at ``beyond`` (``--full``'s P); measured once per cluster setting, again
+    when a sweep has a P it lacks."""
     runs, cluster_name, cluster_cfg = first_job(overrides)
     nb_args, nb_name = cluster_args(cluster_name, cluster_cfg)
     net = runs / "net" / nb_name
-    nodes = ring_nodes(overrides)
+    nodes = sorted(set(ring_nodes(overrides)) | {int(P) for P in beyond})
     if not covers(net / "profile.json", nodes):
         run(
             [

@@ -59,8 +59,8 @@ def scaling(target: str, overrides: list[str], netbench: list[str], variants=(),
     fit, decided just before it (``memfit.sweep_at``), with its variants."""
     t0 = time.monotonic()
     overrides = steps.pick_cluster(merged(DEFAULTS, overrides))
-    runs, net = steps.calibrate(overrides, netbench)
     base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
+    runs, net = steps.calibrate(overrides, netbench, beyond)
     for nodes in [None, *beyond]:
         at = base if nodes is None else memfit.sweep_at(overrides, nodes, runs, axis)
         for sweep in [at, *v1_sweep(at), *variant_sweeps(at, variants)] if at else []:

@@ -26,11 +26,11 @@ def validate(overrides: list[str], netbench: list[str], full: bool = False) -> N
     t0 = time.monotonic()
     overrides = merged(["experiment=model_validation"], overrides)
     profiles, runs = [], Path()
+    base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
     for bandwidth in axis(overrides, "cluster.bandwidth"):
         at = [o for o in overrides if "cluster.bandwidth" not in keys([o])] + [f"cluster.bandwidth={bandwidth}"]
-        runs, net = steps.calibrate(at, netbench)
+        runs, net = steps.calibrate(at, netbench, beyond)
         profiles += ["--network", str(net / "profile.json")]
-    base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
     for nodes in [None, *beyond]:
         sweep = base if nodes is None else memfit.sweep_at(overrides, nodes, runs, axis)
         if sweep:

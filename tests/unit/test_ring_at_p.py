@@ -102,3 +102,5 @@ def test_calibration_measures_the_step_at_every_P_of_the_sweep(tmp_path, monkeyp
     steps.calibrate(base + ["nodes=1,2,4,8,16"], [])  # 8 and 16 missing: measured again, all of them
     assert len(ran) == 2 and "ring.nodes=[2,4,8,16]" in ran[1]
     assert set(json.loads((net / "profile.json").read_text())["ring_alpha_at"]) == {"2", "4", "8", "16"}
+    steps.calibrate(base + ["nodes=1,2,4"], [], beyond=[32])  # --full's P beyond the sweep's
+    assert len(ran) == 3 and "ring.nodes=[2,4,32]" in ran[2]
