@@ -20,7 +20,8 @@ import pandas as pd
 from analysis.common import MARKERS, model_rank, out_dir, panels, parser, save
 from analysis.figures.fig6 import labelled_jobs
 from analysis.reducers import ordered, palette
-from gtopk.perf.model import NetworkProfile, UnknownConfig, compare
+from gtopk.perf.model import UnknownConfig, compare
+from gtopk.perf.profile import NetworkProfile
 
 
 def comparisons(jobs: pd.DataFrame, net: NetworkProfile) -> pd.DataFrame:

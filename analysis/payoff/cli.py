@@ -38,7 +38,7 @@ from analysis.payoff.maps import write_maps
 from analysis.payoff.verdict import CELL, SETUP, best_verdicts, fastest, verdicts
 from analysis.reducers import conf_reducers, payoff_baselines, reference_baseline
 from analysis.training import Target, TrainRun, load_train_runs
-from gtopk.perf.model import NetworkProfile
+from gtopk.perf.profile import NetworkProfile
 from gtopk.records.profiles import LOCAL_PROFILE
 
 NODES = tuple(2**i for i in range(11))  # 1 .. 1024

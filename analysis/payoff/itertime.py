@@ -28,7 +28,8 @@ from analysis.reducers import declared
 from analysis.scaling import rest_of_iteration
 from analysis.training import TrainRun
 from gtopk.paper import single_node_throughput
-from gtopk.perf.model import NetworkProfile, model_shapes, predict_iter
+from gtopk.perf.model import model_shapes, predict_iter
+from gtopk.perf.profile import NetworkProfile
 from gtopk.records.profiles import LOCAL_PROFILE
 from gtopk.records.rundir import finished
 from gtopk.records.summary import SIMULATED_BACKEND

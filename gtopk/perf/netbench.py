@@ -46,7 +46,8 @@ from gtopk.perf.latency import (
     round_latency,
     span,
 )
-from gtopk.perf.model import NetworkProfile, fit_alpha_beta, predict_commu
+from gtopk.perf.model import predict_commu
+from gtopk.perf.profile import NetworkProfile, fit_alpha_beta
 from gtopk.reducers.costmodel import Network, rd_time
 from gtopk.run import checks, runner
 from gtopk.run.job import torchrun_world

@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gtopk.host import Clock
 from gtopk.perf import netbench
-from gtopk.perf.model import NetworkProfile, check_reducer, fit_alpha_beta, predict_commu
+from gtopk.perf.model import check_reducer, predict_commu
+from gtopk.perf.profile import NetworkProfile, fit_alpha_beta
 from gtopk.perf.trace import call_events, collective_trace, critical_path
 from gtopk.perf.tracebench import scheduling
 from gtopk.reducers import validate_density

@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gtopk.perf import model as perfmodel
+from gtopk.perf.profile import fit_alpha_beta
 from gtopk.records import profiles
 from gtopk.reducers.costmodel import Network
 from gtopk.run.cluster import ClusterError, EmulatedCluster, netns
@@ -37,24 +38,24 @@ def ours() -> set[str]:
 def test_alpha_beta_fit_recovers_synthetic_timings():
     alpha, beta = 2e-4, 8e-9
     sizes = [8, 1024, 65536, 1 << 20, 1 << 24]
-    a, b = perfmodel.fit_alpha_beta(sizes, [alpha + beta * n for n in sizes])
+    a, b = fit_alpha_beta(sizes, [alpha + beta * n for n in sizes])
     assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
     noisy = [(alpha + beta * n) * (1.03 if i % 2 else 0.97) for i, n in enumerate(sizes)]
-    a, b = perfmodel.fit_alpha_beta(sizes, noisy)
+    a, b = fit_alpha_beta(sizes, noisy)
     assert a == pytest.approx(alpha, rel=0.1) and b == pytest.approx(beta, rel=0.1)
     # a shaper's burst: mid-sized messages run ahead of the rate; they must not bend the fit
     bursty = [alpha + beta * max(0, n - 65536) if 8192 < n < (1 << 20) else alpha + beta * n for n in sizes]
-    a, b = perfmodel.fit_alpha_beta(sizes, bursty)
+    a, b = fit_alpha_beta(sizes, bursty)
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
     # the burst also lets the small messages through at line rate: alpha is the smallest one's
     ahead = [alpha + (beta * n if n >= 65536 else 0.0) for n in sizes]
-    a, b = perfmodel.fit_alpha_beta(sizes, ahead)
+    a, b = fit_alpha_beta(sizes, ahead)
     assert a == pytest.approx(alpha, rel=1e-3) and b == pytest.approx(beta, rel=1e-6)
     # too few large sizes: one least-squares line through everything
-    a, b = perfmodel.fit_alpha_beta([100, 200, 300], [1.1, 1.2, 1.3])
+    a, b = fit_alpha_beta([100, 200, 300], [1.1, 1.2, 1.3])
     assert a == pytest.approx(1.0) and b == pytest.approx(1e-3)
     with pytest.raises(ValueError, match="two distinct"):
-        perfmodel.fit_alpha_beta([8, 8], [1.0, 1.0])
+        fit_alpha_beta([8, 8], [1.0, 1.0])
 
 
 def test_model_predictions_equal_hand_computed_values():
