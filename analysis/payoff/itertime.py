@@ -19,7 +19,7 @@ import json
 import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -78,18 +78,9 @@ def networks(profiles: Sequence[NetworkProfile], sweep: Iterable[float] = SWEEP_
     """The calibrated profiles (named ``<name> (<Gbit/s>)``), then the sweep at the first
     profile's alpha, software cost and ring steps (named ``<Gbit/s> Gbit/s``)."""
     nets = [net_of_profile(p, f"{p.name} ({8 / p.beta / 1e9:.3g} Gbit/s)") for p in profiles]
-    first = profiles[0]
+    first = nets[0]
     return nets + [
-        Net(
-            f"{g:g} Gbit/s",
-            first.alpha,
-            8.0 / (g * 1e9),
-            False,
-            software=first.software,
-            ring_alpha=first.ring_alpha,
-            ring_alpha_at=dict(first.ring_alpha_at),
-        )
-        for g in sweep
+        replace(first, name=f"{g:g} Gbit/s", beta=8.0 / (g * 1e9), calibrated=False, cluster={}) for g in sweep
     ]
 
 

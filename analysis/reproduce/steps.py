@@ -6,7 +6,6 @@ that replaces ``analysis.reproduce.steps.run`` sees every command a target would
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 from analysis.reproduce.sweep import axis, first_job, keys
+from gtopk.perf.profile import NetworkProfile
 
 
 def run(cmd: list[str]) -> None:
@@ -66,7 +66,7 @@ def covers(profile: Path, nodes: list[int]) -> bool:
     """Whether a saved profile has the ring step measured at every P of ``nodes``."""
     if not profile.exists():
         return False
-    measured = json.loads(profile.read_text()).get("ring_alpha_at") or {}
+    measured = NetworkProfile.load(profile).ring_alpha_at
     return all(str(P) in measured for P in nodes)
 
 

@@ -52,6 +52,7 @@ from gtopk.reducers.costmodel import Network, rd_time
 from gtopk.run import checks, runner
 from gtopk.run.job import torchrun_world
 from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.settings import is_int
 from gtopk.run.world import join_group
 
 
@@ -213,7 +214,7 @@ def main(cfg: DictConfig) -> None:
             # backend=nccl: NCCL on this machine's GPUs, one per rank
             cfg.device, cfg.backend = checks.placement(cfg.device, cfg.backend, wants_gpu=False)
         cluster = checks.build(cfg, "cluster")
-        if any(not isinstance(P, int) or isinstance(P, bool) or P < 1 for P in cfg.ring.nodes):
+        if not all(is_int(P) and P >= 1 for P in cfg.ring.nodes):
             raise checks.ConfigError(
                 f"ring.nodes={list(cfg.ring.nodes)} must be numbers of ranks >= 1, e.g. ring.nodes=[2,4,8]"
             )
