@@ -11,13 +11,19 @@
 #    replayed elsewhere (compute.profile=<that json>);
 # 5. training on CUDA twice with the same seed (digits, ResNet-20, 2 epochs; one rank, and
 #    four simulated ranks): are the two runs' losses bit-identical, which ops warn?
-# PARTS picks some (default: all; e.g. PARTS="profile train").
+# 6. the simulated workers (P ranks in one process, docs/simulated.md) on CUDA: the epoch
+#    bench at P = 1..256 at 8 x 8 and 32 x 32 pixels, and the same machine's CPU (two
+#    threads) at P = 4 and 32 for the ratio;
+# 7. one cell of Fig. 5's whole recipe on CUDA (experiment=fig5_full, P = 32, gTop-k,
+#    140 epochs; whatever epochs its time limit lets it finish are in its epochs.jsonl).
+# PARTS picks some (default: 1-5; e.g. PARTS="profile train", PARTS="tier simulated fig5").
 # Each part has its own time limit and the next runs whatever it ended with; everything
 # lands in $OUT (default runs/gpu/lease). It uses `python3` (the interpreter that has CUDA
 # torch there) and, when .whl/ holds wheels, installs them first into /tmp/site (the
 # packages that image lacks: hydra-core, omegaconf, antlr4, submitit and its launcher).
 set -u
 PARTS=${PARTS:-"tier selection jobs profile train"}
+FIG5_S=${FIG5_S:-150}
 BATCH=${BATCH:-'${model.batch_size.benchmark}'}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 out=${OUT:-runs/gpu/lease}
@@ -82,5 +88,24 @@ for c in ("local", "simulated"):
 PY
     grep -h -i "determinis" "$out"/train_*.log | sort | uniq -c | head -n 20
 fi
-tar czf "$out/runs.tgz" --exclude='*.pt' runs/gpu runs/gpu_profile runs/profiles runs/gpu_train 2>/dev/null
+if want simulated; then
+    echo "== 6. simulated workers on CUDA"
+    for px in 8 32; do
+        timeout 150 python3 -m tests.bench.simulated_epoch --nodes 1 4 16 32 256 --mode auto --epochs 4 --together \
+            --image-size $px --device cuda 2>&1 | tee "$out/simulated_cuda_${px}px.txt"
+    done
+    timeout 120 python3 -m tests.bench.simulated_epoch --nodes 4 32 --mode auto --epochs 4 --together \
+        --image-size 32 --device cpu --threads 2 2>&1 | tee "$out/simulated_cpu_32px.txt"
+fi
+if want fig5; then
+    echo "== 7. one cell of fig5_full on CUDA (limit ${FIG5_S} s)"
+    t0=$(date +%s.%N)
+    timeout "$FIG5_S" python3 run.py experiment=fig5_full nodes=32 reducer=gtopk device=cuda logger.wandb=false \
+        hydra.run.dir=runs/gpu_fig5/gtopk_p32 >"$out/fig5.log" 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    echo "exit $rc after $(python3 -c "print(round($t1 - $t0, 1))") s, $(wc -l <runs/gpu_fig5/gtopk_p32/epochs.jsonl) epochs"
+    tail -n 2 runs/gpu_fig5/gtopk_p32/epochs.jsonl 2>/dev/null
+fi
+tar czf "$out/runs.tgz" --exclude='*.pt' runs/gpu runs/gpu_profile runs/profiles runs/gpu_train runs/gpu_fig5 \
+    2>/dev/null
 ls -la "$out"
