@@ -43,7 +43,6 @@ import pickle
 import queue
 import signal
 import socket
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -58,7 +57,7 @@ import torch.multiprocessing  # noqa: F401 - its tensor reductions for the queue
 from gtopk import host
 from gtopk.run import forkserver
 from gtopk.run.cluster.base import Placement
-from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stop, supervise
+from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stack_dir, stop, supervise
 from gtopk.run.world import (
     WorkerError,
     is_loopback,
@@ -211,7 +210,7 @@ class WorkerGroup:
                 placement = dataclasses.replace(placement, env={**loopback_env(), **placement.env})
         self._exit = contextlib.ExitStack()
         self._exit.callback(lambda: sock and sock.close())
-        self._stack_dir = self._exit.enter_context(tempfile.TemporaryDirectory(prefix="gtopk-stacks-"))
+        self._stack_dir = self._exit.enter_context(stack_dir())
         self._exit.enter_context(signals_stop())
         self._results = ctx.Queue()
         self._tasks = [ctx.SimpleQueue() for _ in range(nprocs)]

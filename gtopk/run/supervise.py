@@ -8,7 +8,9 @@ import contextlib
 import os
 import pickle
 import queue
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -68,6 +70,35 @@ def exit_reason(code: int | None) -> str:
     return f"code {code}"
 
 
+#: the prefix of a stack folder; the launcher's pid follows it, then tempfile's suffix
+STACKS = "gtopk-stacks-"
+
+
+@contextlib.contextmanager
+def stack_dir() -> Iterator[str]:
+    """A folder for the ranks' stack files, removed on exit. Its name holds this process's
+    pid, and the folders of launchers that no longer run (killed before they could remove
+    theirs: SIGKILL, the OOM killer) are removed first."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{STACKS}*-*"):
+        pid = old.name[len(STACKS) :].partition("-")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{STACKS}{os.getpid()}-") as path:
+        yield path
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` exists (also one of another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_stack(stack_dir: str, rank: int) -> str:
     try:
         return (Path(stack_dir) / f"rank{rank}.txt").read_text().strip()
@@ -118,7 +149,12 @@ def dump_stacks(procs: list, ranks: list[int], stack_dir: str, bound: float = 60
     or the rank gone. Where /proc cannot tell, until the stack file is not empty. A rank
     that has no handler yet (still starting) is not asked. ``bound``
     only ends a wait for a rank that never handles the signal: a loaded machine makes the
-    wait longer, never the stack shorter."""
+    wait longer, never the stack shorter.
+
+    A poll reads one thread's state after another, so the signal can be delivered between
+    two of them and one poll look calm while a thread writes: a rank is done after two
+    consecutive calm polls that read the same, non-empty stack (the second poll starts after
+    the delivery, and would see the writing thread block the signal)."""
     ranks = [r for r in ranks if catches(procs[r].pid, signal.SIGUSR1) is not False]  # else it would die of it
     before = {r: signal_state(procs[r].pid, signal.SIGUSR1) for r in ranks}
     for r in ranks:
@@ -126,6 +162,7 @@ def dump_stacks(procs: list, ranks: list[int], stack_dir: str, bound: float = 60
             os.kill(procs[r].pid, signal.SIGUSR1)
     deadline = time.monotonic() + bound
     waiting = set(ranks)
+    calm: dict[int, str] = {}  # the stack a rank's last poll read while it looked calm
     while waiting and time.monotonic() < deadline:
         for r in sorted(waiting):
             if not procs[r].is_alive():
@@ -133,8 +170,11 @@ def dump_stacks(procs: list, ranks: list[int], stack_dir: str, bound: float = 60
                 continue
             now, then = signal_state(procs[r].pid, signal.SIGUSR1), before[r]
             busy = now is not None and then is not None and (now[0] or bool(now[1] - then[1]))
-            if not busy and read_stack(stack_dir, r):
+            text = "" if busy else read_stack(stack_dir, r)
+            if text and calm.get(r) == text:
                 waiting.discard(r)
+            else:
+                calm[r] = text
         if waiting:
             time.sleep(0.02)
     return {r: text for r in ranks if (text := read_stack(stack_dir, r))}
