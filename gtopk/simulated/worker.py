@@ -103,7 +103,7 @@ class SimulatedWorker(Replica):
         self.batched: BatchedGradients | None = None
         self.accumulated = False  # this step's gradients went straight into the residuals
         setting = cfg.cluster.get("batched", False)
-        if use_batched(setting, world, int(cfg.batch_size), self.model):
+        if use_batched(setting, world, int(cfg.batch_size), self.model, device):
             self.batched = BatchedGradients(self.model, world, int(cfg.cluster.get("chunk") or world))
             for i, vr in enumerate(self.ranks):
                 vr.buffers = self.batched.rank_buffers(i)  # each rank's slice of the stacked statistics

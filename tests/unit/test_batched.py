@@ -288,6 +288,11 @@ def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
     dropout = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
     assert has_randomness(dropout) and not use_batched("auto", 32, 4, dropout)
     assert use_batched(True, 4, 32, net) and not use_batched(False, 32, 4, net)
+    # on a GPU a pass costs its launches: batched at any per-rank batch, still not P = 1 or dropout
+    cuda = torch.device("cuda", 0)
+    assert use_batched("auto", 4, 32, net, cuda) and use_batched("auto", 4, 128, net, cuda)
+    assert not use_batched("auto", 4, 32, net, torch.device("cpu"))
+    assert not use_batched("auto", 1, 32, net, cuda) and not use_batched("auto", 4, 32, dropout, cuda)
 
 
 @pytest.mark.parametrize(
