@@ -82,21 +82,24 @@ def stack_dir() -> Iterator[str]:
     root = Path(tempfile.gettempdir())
     for old in root.glob(f"{STACKS}*-*"):
         pid = old.name[len(STACKS) :].partition("-")[0]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=f"{STACKS}{os.getpid()}-") as path:
         yield path
 
 
-def _running(pid: int) -> bool:
-    """Whether a process ``pid`` exists (also one of another user's)."""
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (also one of another user's; a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie (a child not reaped yet) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def read_stack(stack_dir: str, rank: int) -> str:

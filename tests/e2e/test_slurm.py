@@ -23,8 +23,9 @@ import pytest
 
 from gtopk.records.rundir import read_jsonl
 from gtopk.run.slurm import TORCHRUN_SBATCH
-from gtopk.run.slurm.local import alive, client_env
+from gtopk.run.slurm.local import client_env
 from gtopk.run.slurm.localconf import MARKER, tool
+from gtopk.run.supervise import alive
 from tests.procs import FAST, run
 
 #: slow: bringing SLURM up may first apt-get install its daemons (minutes on a fresh CI machine)

@@ -31,6 +31,7 @@ import sys
 from fractions import Fraction
 
 from gtopk.run.cluster import cpucap
+from gtopk.run.supervise import alive
 
 PREFIX = "gtk"
 _NAME = re.compile(rf"^{PREFIX}(\d+)x[0-9a-f]+-")
@@ -231,21 +232,11 @@ def delete(names: list[str]) -> None:
     cpucap.remove(names)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Delete namespaces and CPU-capped cgroups whose owner process no longer exists;
     returns their names."""
     names = sorted(set(existing()) | set(cpucap.existing(PREFIX)))
-    stale = [n for n in names if (m := _NAME.match(n)) and not _alive(int(m.group(1)))]
+    stale = [n for n in names if (m := _NAME.match(n)) and not alive(int(m.group(1)))]
     delete(stale)
     return stale
 

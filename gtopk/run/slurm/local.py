@@ -56,6 +56,7 @@ from gtopk.run.slurm.localconf import (
     write_marker,
     write_secret,
 )
+from gtopk.run.supervise import alive
 
 __all__ = ["UnsafeState", "alive", "client_env", "down", "status", "up"]
 
@@ -70,20 +71,6 @@ def default_state() -> Path:
 def _start(cmd: list[str], log: Path, env: dict[str, str]) -> int:
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True).pid
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (our own child, not reaped yet) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def node_state(state: Path) -> str | None:
