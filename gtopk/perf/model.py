@@ -33,7 +33,7 @@ from pathlib import Path
 
 from hydra.utils import get_class
 
-from gtopk.perf.profile import NO_SOFTWARE, NetworkProfile, fit_alpha_beta  # noqa: F401 (their old home)
+from gtopk.perf.profile import NetworkProfile
 from gtopk.records.rundir import finished
 from gtopk.reducers.costmodel import Network, ring_time
 

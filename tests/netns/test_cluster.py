@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gtopk.perf import model as perfmodel
-from gtopk.perf.profile import fit_alpha_beta
+from gtopk.perf.profile import NetworkProfile, fit_alpha_beta
 from gtopk.records import profiles
 from gtopk.reducers.costmodel import Network
 from gtopk.run.cluster import ClusterError, EmulatedCluster, netns
@@ -89,13 +89,13 @@ def test_model_predictions_equal_hand_computed_values():
 
 
 def test_network_profile_round_trip(tmp_path):
-    prof = perfmodel.NetworkProfile(alpha=1e-4, beta=8e-9, name="x", samples=[(8, 1e-4)])
+    prof = NetworkProfile(alpha=1e-4, beta=8e-9, name="x", samples=[(8, 1e-4)])
     prof.save(tmp_path / "p.json")
-    back = perfmodel.NetworkProfile.load(tmp_path / "p.json")
+    back = NetworkProfile.load(tmp_path / "p.json")
     assert back.network == Network(1e-4, 8e-9) and back.bits_per_s == pytest.approx(1e9)
-    assert perfmodel.NetworkProfile.load("paper").network == Network.paper()
+    assert NetworkProfile.load("paper").network == Network.paper()
     with pytest.raises(FileNotFoundError, match="gtopk.perf.netbench"):
-        perfmodel.NetworkProfile.load(tmp_path / "missing.json")
+        NetworkProfile.load(tmp_path / "missing.json")
 
 
 def test_rates_parse_in_tc_syntax():

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 import gtopk.perf.model as perfmodel
 from analysis import reducers as known
+from gtopk.perf.profile import NetworkProfile
 from gtopk.reducers.selection import k_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def test_the_example_appears_in_table4_with_its_own_cost_model(installed, tmp_pa
     for reducer, P in T_ITER:
         bench_job(root, reducer, resolved[reducer], P)
     profile = tmp_path / "profile.json"
-    perfmodel.NetworkProfile(alpha=ALPHA, beta=BETA, name="t").save(profile)
+    NetworkProfile(alpha=ALPHA, beta=BETA, name="t").save(profile)
     table4.main([str(root), "--network", str(profile), "--extend", "8"])
     t = json.loads(json.dumps(__import__("pandas").read_csv(root / "analysis" / "table4.csv").to_dict("records")))
     measured = next(r for r in t if r["kind"] == "measured" and r["nodes"] == 2)

@@ -17,6 +17,7 @@ import yaml
 import gtopk.perf.model as perfmodel
 from analysis import scaling
 from analysis.load import load_jobs
+from gtopk.perf.profile import NetworkProfile
 from gtopk.reducers.costmodel import Network
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,7 +170,7 @@ def test_scaling_leaves_out_crafted_lines_with_a_warning(tmp_path, evil_model, m
     write_job(root, "evil_reducer", "resnet20", crafted, 2)
     jobs = load_jobs([root])
     jobs.loc[jobs["run_dir"].str.endswith("evil_reducer"), "reducer"] = "crafted"
-    eff = scaling.efficiencies(jobs, perfmodel.NetworkProfile(alpha=1e-3, beta=1e-8, name="t"), extend_to=())
+    eff = scaling.efficiencies(jobs, NetworkProfile(alpha=1e-3, beta=1e-8, name="t"), extend_to=())
     assert not marker.exists()
     modelled = eff[eff["kind"] == "modelled"]
     assert set(modelled["model"]) == {"resnet20"} and set(modelled["reducer"]) == {"dense"}
@@ -181,7 +182,7 @@ def test_scaling_with_every_line_crafted_gives_no_modelled_rows(tmp_path, evil_m
     root = tmp_path / "runs"
     write_job(root, "evil1", str(evil_model), DENSE, 1)
     jobs = load_jobs([root])
-    out = scaling.modelled(jobs, perfmodel.NetworkProfile(alpha=1e-3, beta=1e-8, name="t"), extend_to=())
+    out = scaling.modelled(jobs, NetworkProfile(alpha=1e-3, beta=1e-8, name="t"), extend_to=())
     assert out.empty and not marker.exists()
 
 
