@@ -19,7 +19,7 @@ VARIANTS ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale payoff validate-model fidelity
+.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale reproduce-paper-length payoff validate-model fidelity
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -126,6 +126,23 @@ reproduce-scale: setup fashion-mnist  ## Fig. 5 at scale: P=4,16,32 x every redu
 	  $(PY) -m gtopk.records.archive save runs/fig5_scale $(SCALE_ARCHIVE) || exit 1; \
 	done; done; exit $$rc
 	$(REPRODUCE) scale
+
+# reproduce-paper-length: Fig. 5 at the paper's training length (experiment fig5_paper_length, 55,224
+# iterations per rank: hours per cell on a CPU), one cell after another in PL_CELLS (nodes:reducer:seed,
+# the order that pays first); each finished cell is archived under PL_ARCHIVE (committed) at once and
+# restored from it first, so the grid goes on across sittings and machines. Two lanes on two cores:
+# make reproduce-paper-length PL_CELLS="32:gtopk:0 ..." & make reproduce-paper-length PL_CELLS="32:dense:0 ...".
+PL_ARCHIVE := analysis/results/fig5_paper_length/runs
+PL_CELLS ?= 32:gtopk:0 32:dense:0 32:gtopk_exact:0 32:topk:0 4:dense:0 4:gtopk:0 4:gtopk_exact:0 \
+	32:gtopk:1 32:dense:1 32:gtopk_exact:1 32:gtopk:2 32:dense:2 32:gtopk_exact:2
+
+reproduce-paper-length: setup fashion-mnist  ## Fig. 5 at the paper's length: P=32 and 4, 55,224 iterations a cell, archived cell by cell (hours: PL_CELLS picks)
+	$(PY) -m gtopk.records.archive restore $(PL_ARCHIVE) runs/fig5_paper_length
+	@rc=0; for c in $(PL_CELLS); do \
+	  p=$${c%%:*}; rest=$${c#*:}; r=$${rest%%:*}; s=$${rest#*:}; \
+	  $(PY) run.py -m experiment=fig5_paper_length nodes=$$p reducer=$$r seed=$$s $(ARGS) || rc=1; \
+	  $(PY) -m gtopk.records.archive save runs/fig5_paper_length $(PL_ARCHIVE) || exit 1; \
+	done; exit $$rc
 
 reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1, DATA=fashion as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)
