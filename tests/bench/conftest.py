@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.results import HARNESS
+from tests.bench.results import HARNESS, STEPS
 from tests.bench.results import SELECTION as RESULTS
+from tests.bench.simulated_step import table
 
 BENCH_DIR = Path(__file__).parent
 
@@ -62,3 +63,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"t_update {HARNESS['t_update'] * 1e3:.2f}, t_check {HARNESS.get('t_check', float('nan')) * 1e3:.2f}); "
             f"1-min load average up to {HARNESS['loadavg']:.1f} on {os.cpu_count()} CPUs"
         )
+    if STEPS:
+        terminalreporter.section(
+            f"simulated step at P = 32, fig5_paper_length, {STEPS['data']} 8 x 8, one thread (this run; medians)"
+        )
+        for line in table(STEPS["rows"]):
+            terminalreporter.write_line("  " + line)
+        terminalreporter.write_line(f"  1-min load average up to {STEPS['loadavg']:.1f} on {os.cpu_count()} CPUs")
