@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gtopk.records.rundir import CONFIG, IDENTITY, LOCK, SUPERSEDED, CorruptRecord, RunDir, write_json_atomic
+from gtopk.records.claim import own_entries
+from gtopk.records.rundir import CONFIG, IDENTITY, SUPERSEDED, CorruptRecord, RunDir, write_json_atomic
 from gtopk.records.summary import git_commit
 
 #: settings that cannot change a job's result (dotted keys; a prefix covers its subtree)
@@ -246,18 +247,16 @@ def write_identity(run_dir: Path, ident: dict, extends: dict | None = None) -> N
 
 
 def move_aside(run_dir: Path) -> Path:
-    """Move everything of the old result (all but the lock, Hydra's folders, logs and older
-    superseded results) into ``superseded/<UTC time>/``; returns that folder. Call under the
-    job's lock."""
+    """Move the old result (what a job wrote: ``gtopk.records.claim.own_entries``; never
+    the lock, the marker, Hydra's files, older superseded results or anything else found
+    there) into ``superseded/<UTC time>/``; returns that folder. Call under the job's lock."""
     dest = run_dir / SUPERSEDED / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     n = 0
     while dest.exists():
         n += 1
         dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
     dest.mkdir(parents=True)
-    for p in sorted(run_dir.iterdir()):
-        if p.name in (LOCK, SUPERSEDED, ".hydra") or p.suffix == ".log":
-            continue
+    for p in own_entries(run_dir):
         shutil.move(str(p), str(dest / p.name))
     return dest
 

@@ -29,6 +29,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gtopk.records.extension import Extension, consider, continued
+from gtopk.records.claim import ForeignFolder, claim
 from gtopk.records.identity import Verdict, fingerprint, identity, move_aside, quarantine, verdict, write_identity
 from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir
 from gtopk.run import checks, runner
@@ -132,6 +133,7 @@ def run_job(cfg: DictConfig) -> float | None:
     try:
         try:
             ident = job_identity(cfg)
+            claim(run_dir)  # the folder is new, empty or a job's of this project: else refused, untouched
             first = decide(run_dir, ident, cfg)  # read-only: before any check of the machine
             if first.action == "skip":
                 return skipped(run_dir, first.value)
@@ -150,6 +152,8 @@ def run_job(cfg: DictConfig) -> float | None:
         except BaseException:
             runner.close()  # a failed job leaves no workers behind: the next job starts afresh
             raise
+    except ForeignFolder as e:
+        job_failed(run_dir, str(e), EXIT_BAD_INPUT)  # not the project's folder: nothing is written there
     except OtherSettings as e:
         job_failed(run_dir, str(e), EXIT_BAD_INPUT)  # the folder's records are another run's: untouched
     except BAD_INPUT as e:

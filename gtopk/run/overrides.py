@@ -133,8 +133,9 @@ def _escapes(folder: str) -> bool:
     return False
 
 
-def _compose_one(overrides: list[str], conf_dir: Path, config_name: str) -> str | None:
-    """The problem with one job's overrides: composition, resolution, name, run folder."""
+def _compose_one(overrides: list[str], conf_dir: Path, config_name: str, multirun: bool = False) -> str | None:
+    """The problem with one job's overrides: composition, resolution, name, run folder
+    (``gtopk.records.claim.folder_problem``: a folder the job may write into)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -161,9 +162,29 @@ def _compose_one(overrides: list[str], conf_dir: Path, config_name: str) -> str 
                     f"{culprit} would put the run folder outside runs/<name>/: override values become part of its "
                     "path, and this one's '/..' climbs out; write the path without '..'"
                 )
+            return _folder_problem(full, multirun)
         finally:
             HydraConfig.instance().cfg = None
     return None
+
+
+def _folder_problem(full: Any, multirun: bool) -> str | None:
+    """Whether the job may write its run folder (and a sweep its sweep folder) where the
+    composed Hydra config puts it."""
+    from omegaconf import OmegaConf
+
+    from gtopk.records.claim import folder_problem
+
+    try:
+        if not multirun:
+            return folder_problem("hydra.run.dir", str(OmegaConf.select(full, "hydra.run.dir")))
+        sweep = str(OmegaConf.select(full, "hydra.sweep.dir"))
+        sub = str(OmegaConf.select(full, "hydra.sweep.subdir"))
+        return folder_problem("hydra.sweep.dir", sweep, sweep=True) or folder_problem(
+            "hydra.sweep.dir", str(Path(sweep) / sub)
+        )
+    except Exception as e:  # noqa: BLE001 - a folder setting that does not resolve
+        return f"the run folder does not resolve: {one_line(e)}; check hydra.run.dir / hydra.sweep.dir"
 
 
 def _unresolved(job: Any, error: Exception) -> str:
@@ -189,7 +210,7 @@ def composition_problem(
     except Exception:  # noqa: BLE001 - malformed overrides: parse_problem reports those
         return None
     for job in jobs:
-        problem = _compose_one(job, conf_dir, config_name)
+        problem = _compose_one(job, conf_dir, config_name, multirun)
         if problem:
             return problem
     return None
