@@ -157,7 +157,9 @@ def folder_problem(setting: str, value: str, sweep: bool = False) -> str | None:
     if not existing.is_dir():
         return f"{setting}={value}: {existing} is a file, not a folder; give a folder's path"
     if not os.access(existing, os.W_OK | os.X_OK) or _read_only(existing):
-        return f"{setting}={value}: {existing} is not writable here; give a folder you can write, e.g. {setting}=runs/mine"
+        return (
+            f"{setting}={value}: {existing} is not writable here; give a folder you can write, e.g. {setting}=runs/mine"
+        )
     if existing == folder:
         foreign = foreign_entries(folder)
         if sweep:  # a folder of run folders: its own sweep record, run folders, analyses

@@ -28,8 +28,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gtopk.records.extension import Extension, consider, continued
 from gtopk.records.claim import ForeignFolder, claim
+from gtopk.records.extension import Extension, consider, continued
 from gtopk.records.identity import Verdict, fingerprint, identity, move_aside, quarantine, verdict, write_identity
 from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir
 from gtopk.run import checks, runner

@@ -13,5 +13,7 @@ def median_of(benchmark) -> float | None:
     """The median of a finished pytest-benchmark fixture (None when benchmarks are disabled)."""
     stats = getattr(benchmark, "stats", None)
     return stats.stats.median if stats else None
+
+
 # The simulated step at P = 32 (tests/bench/test_bench_simulated_step.py): rows per reducer, data, load.
 STEPS: dict = {}

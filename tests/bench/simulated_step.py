@@ -113,7 +113,9 @@ def measure(reducers: list[str], P: int, rounds: int, steps: int, data: str, thr
 def table(rows: list[dict]) -> list[str]:
     """The printed lines: medians in ms and each reducer's ratio to the first (dense)."""
     base = rows[0]["step_s"]
-    lines = [f"{'reducer':12s} {'step_ms':>8s} {'/' + rows[0]['reducer']:>8s} {'compute':>8s} {'compr':>7s} {'update':>7s} {'data':>6s}  steps"]
+    lines = [
+        f"{'reducer':12s} {'step_ms':>8s} {'/' + rows[0]['reducer']:>8s} {'compute':>8s} {'compr':>7s} {'update':>7s} {'data':>6s}  steps"
+    ]
     for r in rows:
         lines.append(
             f"{r['reducer']:12s} {r['step_s'] * 1e3:8.1f} {r['step_s'] / base:8.2f} {r['t_compute'] * 1e3:8.1f} "

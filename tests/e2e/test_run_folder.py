@@ -50,7 +50,9 @@ def test_a_sweep_into_a_users_folder_is_refused(tmp_path):
 
 
 def git_status():
-    return subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--ignored"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
 
 
 def test_the_checkout_is_refused_outright():
@@ -80,7 +82,13 @@ def test_rerun_moves_only_what_the_job_wrote(tmp_path):
     again = run(*FAST, "model.lr=0.2", "rerun=true", f"hydra.run.dir={d}")
     assert again.returncode == 0, again.stderr[-2000:]
     (moved,) = (d / SUPERSEDED).iterdir()
-    assert {p.name for p in moved.iterdir()} == {"attempts.jsonl", "config.yaml", "identity.json", "iters.rank0.jsonl", "summary.json"}
+    assert {p.name for p in moved.iterdir()} == {
+        "attempts.jsonl",
+        "config.yaml",
+        "identity.json",
+        "iters.rank0.jsonl",
+        "summary.json",
+    }
     assert (d / "thesis.tex").read_text() == "mine" and (d / "mydata").is_dir()
 
 
