@@ -192,7 +192,10 @@ def load_train_runs(roots: Sequence[str | Path]) -> tuple[list[TrainRun], list[s
         if not d.is_finished:
             skipped.append(f"{d.path}: not finished ({'failed' if d.has_failed else 'running or interrupted'})")
             continue
-        runs.append(read_run(d))
+        try:
+            runs.append(read_run(d))
+        except ValueError as e:  # a record with a part missing or unreadable (CorruptRecord too)
+            skipped.append(f"{d.path}: {str(e).splitlines()[0]}")
     return runs, skipped
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gtopk.records.identity import differing_keys, fingerprint, setting
-from gtopk.records.rundir import IDENTITY, RunDir
+from gtopk.records.rundir import IDENTITY, RunDir, iter_jsonl
 
 TRAIN_EPOCHS = "train.epochs"
 CUT = "train.max_iters_per_epoch"
@@ -61,7 +61,7 @@ class Extension:
 
 def _identity_record(run: RunDir) -> dict:
     try:
-        record = json.loads((run.path / IDENTITY).read_text())
+        record = json.loads((run.path / IDENTITY).read_bytes())
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
@@ -103,16 +103,11 @@ def iterations_per_epoch(run: RunDir) -> int | None:
     seen: set[int] = set()
     if not run.iters(0).is_file():
         return None
-    with open(run.iters(0)) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if row.get("epoch", 0) >= 1:
-                break
-            if row.get("epoch") == 0 and isinstance(row.get("iter"), int):
-                seen.add(row["iter"])
+    for row in iter_jsonl(run.iters(0)):
+        if (row.get("epoch") or 0) >= 1:
+            break
+        if row.get("epoch") == 0 and isinstance(row.get("iter"), int):
+            seen.add(row["iter"])
     return len(seen) or None
 
 

@@ -186,7 +186,7 @@ def recorded_identity(run: RunDir) -> tuple[dict | None, bool]:
     """(identity the folder's work was done with, whether it is exact): ``identity.json``'s,
     else (older records) the one read from ``config.yaml`` (not exact: resolved), else None."""
     try:
-        return json.loads((run.path / IDENTITY).read_text())["identity"], True
+        return json.loads((run.path / IDENTITY).read_bytes())["identity"], True
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:

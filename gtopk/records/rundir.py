@@ -34,10 +34,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gtopk.records.schema import SUMMARY as SUMMARY_SCHEMA
+from gtopk.records.schema import problems, schema_of
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
@@ -138,7 +141,7 @@ class RunDir:
 
     def read_summary(self) -> dict:
         """``summary.json``; ``CorruptRecord`` (one line) when it is not a JSON object."""
-        return _read_json_object(self.summary)
+        return _read_json_object(self.summary, SUMMARY_SCHEMA)
 
     def summary_if_readable(self) -> dict | None:
         """``summary.json``, or None when there is none or it is unreadable (a one-line
@@ -182,13 +185,16 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
-def _read_json_object(path: Path) -> dict:
+def _read_json_object(path: Path, schema: dict[str, str] | None = None) -> dict:
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        obj = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, not JSON
         raise CorruptRecord(f"{path} is unreadable ({_first_line(e)})") from None
     if not isinstance(obj, dict):
         raise CorruptRecord(f"{path} is unreadable (not a JSON object)")
+    wrong = problems(obj, schema) if schema else []
+    if wrong:
+        raise CorruptRecord(f"{path} is unreadable (wrong types: {', '.join(wrong[:3])})")
     return obj
 
 
@@ -257,14 +263,39 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a half-written last line (a crash) is skipped."""
-    rows = []
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    """The usable rows of a JSON-lines record file, one by one: every line that is UTF-8,
+    JSON, an object and of the file's schema (``gtopk.records.schema``). What a crash leaves
+    (a half-written line: the start of an object) is passed over silently; any other
+    unusable line with one warning naming the file and how many (once per file and
+    process). Nothing when there is no file."""
     if not path.exists():
-        return rows
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+        return
+    schema = schema_of(path.name)
+    bad, why = 0, ""
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                row = json.loads(raw)
+            except UnicodeDecodeError:
+                bad, why = bad + 1, why or "not UTF-8"
+                continue
+            except ValueError:
+                if raw.strip() and not raw.lstrip().startswith(b"{"):  # not a half-written row
+                    bad, why = bad + 1, why or "not JSON"
+                continue
+            wrong = problems(row, schema) if isinstance(row, dict) and schema else []
+            if not isinstance(row, dict) or wrong:
+                bad, why = (
+                    bad + 1,
+                    why or ("not an object" if not isinstance(row, dict) else f"wrong types: {wrong[0]}"),
+                )
+                continue
+            yield row
+    if bad:
+        warn_once(f"{path}: {bad} unusable line(s) ({why})")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """``iter_jsonl``'s rows as a list."""
+    return list(iter_jsonl(path))

@@ -24,6 +24,7 @@ import torch
 from gtopk.records.regime import summary_fields
 
 TIMINGS = ("t_data", "t_compute", "t_compr", "t_commu", "t_update", "t_iter")
+COUNTS = ("bytes_sent", "bytes_recv")  # a row lacking these or TIMINGS (a damaged record) is left out
 
 
 def git_commit() -> str | None:
@@ -122,6 +123,11 @@ def memory_fields(rows: Iterable[dict]) -> dict:
     }
 
 
+def summarizable(row: dict) -> bool:
+    """Whether a step's row holds what the summary's medians read (a damaged one may not)."""
+    return all(row.get(k) is not None for k in (*TIMINGS, *COUNTS))
+
+
 def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: Iterable[dict] | None = None) -> dict:
     """Medians over post-warm-up iterations of all ranks (iterations where rank 0 is
     slowest and where it is fastest both count); steps skipped for a non-finite gradient
@@ -133,7 +139,7 @@ def summarize(rows: Iterable[dict], meta: dict, images_per_iter: int, epochs: It
     regime = summary_fields(rows, meta["params"], epochs) if meta.get("mode") == "train" else {}
     rows = [r for r in rows if not r.get("warmup")]
     skipped = len({r.get("iter") for r in rows if r.get("nonfinite")})
-    rows = [r for r in rows if not r.get("nonfinite")]
+    rows = [r for r in rows if not r.get("nonfinite") and summarizable(r)]
     if not rows:
         raise ValueError("no post-warm-up iterations were recorded; raise benchmark.iters")
     med = {k: statistics.median(r[k] for r in rows) for k in TIMINGS}

@@ -31,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from gtopk.records.claim import ForeignFolder, claim
 from gtopk.records.extension import Extension, consider, continued
 from gtopk.records.identity import Verdict, fingerprint, identity, move_aside, quarantine, verdict, write_identity
-from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir
+from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir, iter_jsonl
+from gtopk.records.summary import summarizable
 from gtopk.run import checks, runner
 from gtopk.run.checks import ConfigError
 from gtopk.run.cluster import ClusterError
@@ -212,6 +213,16 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
     gen = saved_generation(run_dir, verify=False) if run.checkpoints.exists() else None  # the workers verify
     saved = None if gen is None else gen.get("fingerprint")
     v = verdict(run_dir, ident, saved, gen is not None)
+    if v.action == "run" and settle and gen is not None and not _rows_kept(run):
+        # a checkpoint whose steps' records are lost: resuming would leave the steps unrecorded
+        dest = move_aside(run_dir)
+        print(
+            f"warning: {run.path}'s iteration rows hold no usable row of the checkpointed steps; its records were moved to "
+            f"{dest} and the job trains from the start",
+            file=sys.stderr,
+            flush=True,
+        )
+        return Verdict("run")
     if v.action != "refuse":
         return v
     if not rerun:
@@ -223,6 +234,11 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
         dest = move_aside(run_dir)
         print(f"rerun=true: the result of other settings moved to {dest}", flush=True)
     return Verdict("run")
+
+
+def _rows_kept(run: RunDir) -> bool:
+    """Whether the ranks' iteration rows still hold a timed step the summary can use."""
+    return any(summarizable(r) and not r.get("warmup") for p in run.all_iters() for r in iter_jsonl(p))
 
 
 def skipped(run_dir: Path, value: float | None) -> float | None:

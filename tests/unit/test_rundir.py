@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gtopk.records.rundir import RunDir, failed, finished, run_dirs
 
 
@@ -59,3 +61,26 @@ def test_the_names_of_a_run_directory(tmp_path):
     for r in (1, 0, 10):
         run.iters(r).write_text("")
     assert run.all_iters() == [tmp_path / f"iters.rank{r}.jsonl" for r in (0, 1, 10)]
+
+
+def test_read_jsonl_leaves_out_unusable_lines_with_one_warning(tmp_path, capsys):
+    from gtopk.records.rundir import read_jsonl
+
+    p = tmp_path / "epochs.jsonl"
+    good = [{"epoch": 0, "test_top1": 0.5}, {"epoch": 1, "test_top1": 0.6}]
+    bad = [b"\xff\xfe", b"[1, 2]", b"null", b'{"epoch": "x"}', b'{"epoch": 2, "test_top1": Infinity}', b"\0\0"]
+    lines = [json.dumps(good[0]).encode(), *bad, json.dumps(good[1]).encode(), b'{"epoch": 3, "te']
+    p.write_bytes(b"\n".join(lines))
+    assert read_jsonl(p) == good
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(p) in err[0] and "6 unusable line(s)" in err[0]  # the half-written last: silent
+
+
+def test_a_summary_of_wrong_types_is_unreadable(tmp_path):
+    from gtopk.records.rundir import CorruptRecord, RunDir
+
+    run = RunDir(tmp_path)
+    run.summary.write_text(json.dumps({"coverage": "x", "t_iter": 0.1}))
+    with pytest.raises(CorruptRecord, match="coverage"):
+        run.read_summary()
+    assert run.summary_if_readable() is None
