@@ -31,6 +31,7 @@ warning, and the job quarantines it and runs again (``gtopk.run.job``).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -268,32 +269,45 @@ def iter_jsonl(path: Path) -> Iterator[dict]:
     JSON, an object and of the file's schema (``gtopk.records.schema``). What a crash leaves
     (a half-written line: the start of an object) is passed over silently; any other
     unusable line with one warning naming the file and how many (once per file and
-    process). Nothing when there is no file."""
+    process). Nothing when there is no file; ``<name>.gz`` where only that is (an archive's).
+    A gzip stream cut short ends the rows there, with the warning."""
     if not path.exists():
-        return
-    schema = schema_of(path.name)
+        packed = path.with_name(path.name + ".gz")  # an archived job's rows (gtopk.records.archive)
+        if not packed.exists():
+            return
+        path, opener = packed, gzip.open
+    else:
+        opener = open
+    schema = schema_of(path.name.removesuffix(".gz"))
     bad, why = 0, ""
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                row = json.loads(raw)
-            except UnicodeDecodeError:
-                bad, why = bad + 1, why or "not UTF-8"
-                continue
-            except ValueError:
-                if raw.strip() and not raw.lstrip().startswith(b"{"):  # not a half-written row
-                    bad, why = bad + 1, why or "not JSON"
-                continue
-            wrong = problems(row, schema) if isinstance(row, dict) and schema else []
-            if not isinstance(row, dict) or wrong:
-                bad, why = (
-                    bad + 1,
-                    why or ("not an object" if not isinstance(row, dict) else f"wrong types: {wrong[0]}"),
-                )
-                continue
-            yield row
+    with opener(path, "rb") as f:
+        try:
+            for raw in f:
+                row, problem = _row(raw, schema)
+                if problem:
+                    bad, why = bad + 1, why or problem
+                if row is not None:
+                    yield row
+        except (OSError, EOFError) as e:  # a damaged gzip stream: the rows before the damage
+            bad, why = bad + 1, why or f"damaged: {_first_line(e)}"
     if bad:
         warn_once(f"{path}: {bad} unusable line(s) ({why})")
+
+
+def _row(raw: bytes, schema: dict[str, str] | None) -> tuple[dict | None, str | None]:
+    """A line's row, or None and what is wrong with it (None also for a crash's half-written
+    row, which is no problem)."""
+    try:
+        row = json.loads(raw)
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError:
+        half = not raw.strip() or raw.lstrip().startswith(b"{")  # blank, or the start of a row
+        return None, None if half else "not JSON"
+    if not isinstance(row, dict):
+        return None, "not an object"
+    wrong = problems(row, schema) if schema else []
+    return (None, f"wrong types: {wrong[0]}") if wrong else (row, None)
 
 
 def read_jsonl(path: Path) -> list[dict]:
