@@ -238,7 +238,14 @@ def tables(roots: Sequence[str | Path], nodes=(), reducers=(), seeds=()) -> dict
     """What the outputs hold, figures aside: ``grid`` (``cells``), ``curves`` (the finished
     runs' epochs), ``points`` (``gapcov.gap_coverage``), ``table`` (``scale_table``) and
     ``gap`` (``gap_summary``; empty without a sparse run beside a dense one)."""
+    missing = [str(r) for r in roots if not Path(r).is_dir()]
+    if missing:
+        raise SystemExit(f"{missing[0]} is not a folder: give the folder of the grid's runs (e.g. runs/fig5_scale)")
     grid = cells(roots, nodes, reducers, seeds)
+    if grid.empty:
+        raise SystemExit(
+            f"no training run under {' '.join(map(str, roots))}: train some (make reproduce-scale), or give their folder"
+        )
     done = set(grid.loc[grid["state"] == "finished", "run_dir"])
     curves = load_curves(roots)
     curves = curves[curves["run_dir"].isin(done)] if len(curves) else curves

@@ -196,8 +196,14 @@ def payoff_table(
     for r in runs:
         groups[r.setup].append(r)
     rows = [row for key in sorted(groups) for row in setup_rows(groups[key], targets, nets, computes, times, borrow)]
-    df = pick_density(with_speedups(pd.DataFrame(rows)))
     front = CELL + ["reducer", "status", "iterations_to_target", "t_iter", "time_to_target"]
+    if not rows or any(c not in pd.DataFrame(rows).columns for c in front + SEED_COLUMNS[:6] + ["still_rising"]):
+        raise SystemExit(
+            "no time to a target can be computed from these runs: the default target is 99 % of dense's accuracy, "
+            "and no setup holds a dense run beside its sparse ones; train dense at the same P too, or give "
+            "--target-acc A (an absolute top-1)"
+        )
+    df = pick_density(with_speedups(pd.DataFrame(rows)))
     front += [f"speedup_vs_{b}" for b in payoff_baselines()]
     return df[front + [c for c in df.columns if c not in front + SEED_COLUMNS] + SEED_COLUMNS]
 

@@ -70,6 +70,7 @@ Declarations (class attributes, read without building the reducer or any process
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -108,12 +109,11 @@ class Declared:
 
 def validate_density(density: float) -> float:
     """Return density as float, or raise a ValueError naming the setting and the fix."""
-    try:
-        d = float(density)
-    except (TypeError, ValueError):
+    if isinstance(density, bool | str) or not isinstance(density, numbers.Real):  # true is not 1.0, '0.01' not 0.01
         raise ValueError(
-            f"density={density!r} is not a number; set density to a value in (0, 1], e.g. density=0.001"
-        ) from None
+            f"density={density!r} is not a number; set density to a value in (0, 1], unquoted, e.g. density=0.001"
+        )
+    d = float(density)
     if not 0.0 < d <= 1.0:
         raise ValueError(f"density={density!r} is outside (0, 1]; set density to a value in (0, 1], e.g. density=0.001")
     return d

@@ -59,6 +59,7 @@ from gtopk.run import forkserver
 from gtopk.run.cluster.base import Placement
 from gtopk.run.supervise import dump_stacks, read_stack, signals_stop, stack_dir, stop, supervise
 from gtopk.run.world import (
+    STACK_HEADER,
     WorkerError,
     is_loopback,
     join_group,
@@ -298,7 +299,7 @@ class WorkerGroup:
                 r, f"{WorkerError.STOPPED} still running when the group was stopped (another rank failed first)"
             )
             stack = stacks.get(r) or (read_stack(self._stack_dir, r) if (p.exitcode or 0) < 0 else "")
-            failures[r] = text + (f"\nits Python stack then:\n{stack}" if stack else "")
+            failures[r] = text + (f"{STACK_HEADER}{stack}" if stack else "")
         self.close()
         raise WorkerError(failures)
 

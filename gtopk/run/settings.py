@@ -31,6 +31,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 #: threads per worker (``threads_per_worker``): far above any useful value, low enough that
 #: a typo does not start a million processes
 MAX_WORKERS = 1024
+MIN_TIMEOUT_S = 1  # no worker starts, or steps, faster: a shorter watchdog fails every job
 MAX_SECONDS = 10**9  # about 31 years: a longer timeout overflows the waits and torch's timeouts
 SEED_LIMIT = 2**32  # torch's and NumPy's generators take any seed below it
 
@@ -147,8 +148,11 @@ def limits(cfg: Any) -> None:
         integer(cfg, "benchmark.min_iters", 1, example="1")
     for key in ("timeout_s", "collective_timeout_s"):
         value = cfg.get(key)
-        if not is_number(value) or not 0 < value <= MAX_SECONDS:
-            raise ConfigError(f"{key}={shown(value)} must be a number of seconds > 0 (at most 1e9), e.g. {key}=120")
+        if not is_number(value) or not MIN_TIMEOUT_S <= value <= MAX_SECONDS:
+            raise ConfigError(
+                f"{key}={shown(value)} must be a number of seconds >= {MIN_TIMEOUT_S} (at most 1e9): a worker takes "
+                f"seconds to start and to step; e.g. {key}=120"
+            )
     threads = cfg.get("threads_per_worker")
     if threads is not None and (not is_int(threads) or not 1 <= threads <= MAX_WORKERS):
         raise ConfigError(

@@ -27,6 +27,10 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:: |$)")  # "pkg.mo
 _TIMEOUT = re.compile(r"(?i)timed out|timeout")
 
 
+#: what a hung rank's report puts before its Python stack (``gtopk.run.group``)
+STACK_HEADER = "\nits Python stack then:\n"
+
+
 class WorkerError(RuntimeError):
     """One or more workers failed; ``failures`` maps rank -> traceback or reason."""
 
@@ -59,7 +63,8 @@ class WorkerError(RuntimeError):
         return f"rank {own[0]}: {last[own[0]][:300]}{tail}"
 
     def _last_line(self, rank: int) -> str:
-        lines = [ln.strip() for ln in self.failures[rank].splitlines() if ln.strip()]
+        text = self.failures[rank].split(STACK_HEADER)[0]  # the rank's own report, not its stack's last frame
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "?")
 
 

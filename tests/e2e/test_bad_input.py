@@ -26,8 +26,11 @@ def test_density_outside_0_1_is_rejected_without_processes(cls, density):
         cls(density=density)
 
 
-def test_validate_density_accepts_the_range():
-    assert validate_density(1) == 1.0 and validate_density("0.001") == 0.001
+def test_validate_density_accepts_the_range_as_numbers_only():
+    assert validate_density(1) == 1.0 and validate_density(0.001) == 0.001
+    for wrong in (True, "0.001", None):
+        with pytest.raises(ValueError, match="is not a number"):
+            validate_density(wrong)
 
 
 @pytest.mark.parametrize("setting,value", [("algorithm", "ring"), ("putback", "none")])
@@ -102,6 +105,9 @@ SLOW_TWINS = [
         (["data=nope"], ["data=nope is unknown", "synthetic"]),
         (["cluster=nope"], ["cluster=nope is unknown; choose one of"]),
         (["density=1.5"], ["density=1.5 is outside (0, 1]"]),
+        (["density=true"], ["density=True is not a number", "density=0.001"]),
+        (["density='0.01'"], ["density='0.01' is not a number", "unquoted"]),
+        (["timeout_s=0.001"], ["timeout_s=0.001 must be a number of seconds >= 1"]),
     ]
 ]
 
@@ -138,7 +144,7 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
         (["nodes=2", "grad_accum=9"], ["grad_accum=9", "use a smaller batch_size or grad_accum"]),
         (["fault.kind=boom"], ["fault.kind='boom' is unknown; choose one of raise, kill, hang, nan"]),
         (["nonfinite=maybe"], ["nonfinite='maybe' is unknown; choose one of stop, skip"]),
-        (["collective_timeout_s=0"], ["collective_timeout_s=0 must be a number of seconds > 0"]),
+        (["collective_timeout_s=0"], ["collective_timeout_s=0 must be a number of seconds >= 1"]),
         (["master_port=70000"], ["master_port=70000 must be a TCP port"]),
         (["threads_per_worker=0"], ["threads_per_worker=0 must be an integer >= 1", "or null"]),
         (["benchmark.budget_s=-1"], ["benchmark.budget_s=-1 must be a number of seconds > 0"]),
@@ -192,8 +198,8 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
         (["name=../../x"], ["name='../../x' holds a path separator", "plain folder name"]),
         (["name=.."], ["name='..' names no folder of its own"]),
         (["seed=-1"], ["seed=-1 must be an integer in [0, 4294967295]"]),
-        (["timeout_s=nan"], ["timeout_s=nan must be a number of seconds > 0"]),
-        (["collective_timeout_s=1e300"], ["collective_timeout_s=1e+300 must be a number of seconds > 0"]),
+        (["timeout_s=nan"], ["timeout_s=nan must be a number of seconds >= 1"]),
+        (["collective_timeout_s=1e300"], ["collective_timeout_s=1e+300 must be a number of seconds >= 1"]),
         (["benchmark.budget_s=inf"], ["benchmark.budget_s=inf must be a number of seconds > 0"]),
         (["threads_per_worker=100000"], ["threads_per_worker=100000 must be an integer >= 1"]),
         (["data.train_size=abc"], ["data.train_size='abc' must be an integer >= 1"]),

@@ -98,3 +98,11 @@ def test_stack_folders_of_launchers_that_died_are_removed(monkeypatch, tmp_path)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, os.path.basename(path)])
     assert not os.path.exists(path)
     assert live.exists() and other.exists() and not dead.exists()
+
+
+def test_a_hung_ranks_line_is_the_watchdogs_message_not_its_stacks_last_frame():
+    from gtopk.run.world import STACK_HEADER, WorkerError
+
+    stack = 'Thread 0x1 (most recent call first):\n  File "/x/faults.py", line 9 in _hang\n  File "<string>", line 1 in <module>'
+    err = WorkerError({0: f"no progress for 15 s (watchdog: timeout_s=15): hung{STACK_HEADER}{stack}"})
+    assert err.summary() == "rank 0: no progress for 15 s (watchdog: timeout_s=15): hung"
