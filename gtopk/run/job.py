@@ -19,6 +19,7 @@ failed job, a single run and a job under another launcher close it.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -51,6 +52,7 @@ from gtopk.run.jobs import (
 from gtopk.run.localprofile import measure_local
 from gtopk.run.runner import GroupSpec, run_on_cluster
 from gtopk.run.settings import check_rerun
+from gtopk.run.supervise import signals_stop
 from gtopk.run.world import PortInUse, WorkerError, join_group
 from gtopk.train.checkpoint import saved_generation
 from gtopk.train.compute import MissingLocalProfile, ProfileError
@@ -132,27 +134,8 @@ def run_job(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     job_started()
     try:
-        try:
-            ident = job_identity(cfg)
-            claim(run_dir)  # the folder is new, empty or a job's of this project: else refused, untouched
-            first = decide(run_dir, ident, cfg)  # read-only: before any check of the machine
-            if first.action == "skip":
-                return skipped(run_dir, first.value)
-            validate(cfg)
-            if (world := torchrun_world()) is not None:  # torchrun supervises; rank 0 holds run_dir's lock
-                with torchrun_lock(run_dir, world[0]) as refusal:
-                    now = decide(run_dir, ident, cfg, settle=world[0] == 0 and refusal is None)
-                    if now.action == "skip":
-                        return skipped(run_dir, now.value)
-                    return _run(cfg, run_dir, ident, refusal, now.extends)
-            with job_lock(run_dir):
-                now = decide(run_dir, ident, cfg, settle=True)  # again, under the lock
-                if now.action == "skip":
-                    return skipped(run_dir, now.value)
-                return _run(cfg, run_dir, ident, extends=now.extends)
-        except BaseException:
-            runner.close()  # a failed job leaves no workers behind: the next job starts afresh
-            raise
+        with signals_stop():  # SIGTERM / SIGHUP at any point: SystemExit, reported below as Ctrl-C is
+            return _job(cfg, run_dir)
     except ForeignFolder as e:
         job_failed(run_dir, str(e), EXIT_BAD_INPUT)  # not the project's folder: nothing is written there
     except OtherSettings as e:
@@ -173,13 +156,51 @@ def run_job(cfg: DictConfig) -> float | None:
             text,
         )
     except KeyboardInterrupt:
-        print(
-            f"interrupted: {run_dir} stopped; re-run the same command to resume (finished jobs are skipped)",
-            file=sys.stderr,
-            flush=True,
-        )
+        interrupted(run_dir)
+        raise
+    except SystemExit as e:  # SIGTERM or SIGHUP (gtopk.run.supervise.signals_stop): stopped as Ctrl-C stops
+        if e.code in STOP_CODES:
+            interrupted(run_dir)
         raise
     return None
+
+
+#: the exit statuses of a job stopped by SIGTERM or SIGHUP (``signals_stop``)
+STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGHUP)
+
+
+def interrupted(run_dir: Path) -> None:
+    print(
+        f"interrupted: {run_dir} stopped; re-run the same command to resume (finished jobs are skipped)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _job(cfg: DictConfig, run_dir: Path) -> float | None:
+    """``run_job``'s work: the folder claimed, the verdict, the checks, the job under its
+    lock; any failure closes the worker group before it propagates."""
+    try:
+        ident = job_identity(cfg)
+        claim(run_dir)  # the folder is new, empty or a job's of this project: else refused, untouched
+        first = decide(run_dir, ident, cfg)  # read-only: before any check of the machine
+        if first.action == "skip":
+            return skipped(run_dir, first.value)
+        validate(cfg)
+        if (world := torchrun_world()) is not None:  # torchrun supervises; rank 0 holds run_dir's lock
+            with torchrun_lock(run_dir, world[0]) as refusal:
+                now = decide(run_dir, ident, cfg, settle=world[0] == 0 and refusal is None)
+                if now.action == "skip":
+                    return skipped(run_dir, now.value)
+                return _run(cfg, run_dir, ident, refusal, now.extends)
+        with job_lock(run_dir):
+            now = decide(run_dir, ident, cfg, settle=True)  # again, under the lock
+            if now.action == "skip":
+                return skipped(run_dir, now.value)
+            return _run(cfg, run_dir, ident, extends=now.extends)
+    except BaseException:
+        runner.close()  # a failed job leaves no workers behind: the next job starts afresh
+        raise
 
 
 class OtherSettings(ConfigError):

@@ -199,7 +199,8 @@ def stop(procs: list) -> None:
 @contextlib.contextmanager
 def signals_stop() -> Iterator[None]:
     """In the main thread, SIGTERM and SIGHUP raise SystemExit(128 + signal), so that
-    ``spawn`` stops its workers before the process exits (Ctrl-C already raises)."""
+    ``spawn`` stops its workers before the process exits and the job says how to resume
+    (Ctrl-C already raises); one the process ignores (SIGHUP under nohup) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -207,7 +208,9 @@ def signals_stop() -> Iterator[None]:
     def raise_exit(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
-    old = {s: signal.signal(s, raise_exit) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # a signal the process ignores (SIGHUP under nohup) stays ignored
+    caught = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
+    old = {s: signal.signal(s, raise_exit) for s in caught}
     try:
         yield
     finally:

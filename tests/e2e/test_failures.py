@@ -365,3 +365,19 @@ def test_a_half_written_last_line_is_closed_off_and_skipped(tmp_path):
     out.write({"iter": 1})
     out.close()
     assert read_jsonl(path) == [{"iter": 0}, {"iter": 1}]
+
+
+def test_sigterm_stops_the_job_with_the_line_that_says_how_to_resume(tmp_path):
+    """SIGTERM (a scheduler's stop, ``kill``) ends the job as Ctrl-C does: every worker
+    stopped, exit 143, one line saying how to resume, no traceback."""
+    job = tmp_path / "run"
+    proc = start(*FAST, "nodes=2", "fault.kind=hang", "fault.rank=1", "fault.at_iter=1", f"hydra.run.dir={job}")
+    deadline = time.monotonic() + 300
+    while not (job / "iters.rank1.jsonl").exists() or not (job / "iters.rank1.jsonl").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "the job did not start stepping"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    done = finish(proc, timeout=120)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "re-run the same command to resume" in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr and not done.left, done.left
