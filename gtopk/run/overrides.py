@@ -221,6 +221,29 @@ def early_problem(overrides: list[str], conf_dir: Path) -> str | None:
     return parse_problem(overrides) or unknown_choice(overrides, conf_dir) or name_problem(overrides)
 
 
+#: the launcher's variables a job reads (torchrun's, SLURM's launcher sets the same), and their least value
+LAUNCH_VARS = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1, "MASTER_PORT": 1}
+
+
+def environment_problem(environ: dict | None = None) -> str | None:
+    """A launcher variable set to what is not a whole number in range (one line naming it)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    for name, least in LAUNCH_VARS.items():
+        if name not in env:
+            continue
+        text = env[name].strip()
+        most = 65535 if name == "MASTER_PORT" else None
+        if not text.isdigit() or int(text) < least or (most is not None and int(text) > most):
+            bound = f"{least}-{most}" if most else f">= {least}"
+            return (
+                f"the environment variable {name}={env[name]!r} must be a whole number {bound}: it is torchrun's "
+                f"(or your launcher's); unset it, or start the job with torchrun, which sets it"
+            )
+    return None
+
+
 def command_line_problem(argv: list[str], conf_dir: Path) -> str | None:
     """The first problem with ``run.py``'s arguments ``argv`` (None: Hydra may run them).
     Help, info and shell completion are Hydra's; with another config folder
@@ -229,7 +252,7 @@ def command_line_problem(argv: list[str], conf_dir: Path) -> str | None:
     if args is None or args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun:
         return None
     overrides = list(args.overrides)
-    problem = early_problem(overrides, conf_dir)
+    problem = environment_problem() or early_problem(overrides, conf_dir)
     if problem or args.config_path or args.config_dir:
         return problem
     return composition_problem(overrides, conf_dir, args.config_name or "config", args.multirun)

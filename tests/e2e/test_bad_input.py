@@ -286,3 +286,23 @@ def test_fixed_port_in_use_stops_spawn_before_any_worker():
         with pytest.raises(PortInUse, match=f"master_port={sock.getsockname()[1]}"):
             spawn(fail_on_rank1, 2, ("raise",), port=sock.getsockname()[1])
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize(
+    "env,name",
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK"),
+        ({"MASTER_PORT": "notanumber"}, "MASTER_PORT"),
+    ],
+)
+def test_a_launcher_variable_that_is_not_a_number_is_one_line(env, name):
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "run.py", "batch_size=4"], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = one_line_error(done.stderr)
+    assert f"environment variable {name}=" in line and "torchrun" in line
