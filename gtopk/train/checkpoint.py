@@ -185,7 +185,15 @@ class Store:
         chosen, keep = choose(manifests, valid)
         if chosen is None:
             chosen = legacy_manifest([self.legacy_epoch(r) for r in range(self.world)], self.run)
-        for line in passed_over(manifests, valid, chosen):
+        lines = passed_over(manifests, valid, chosen)
+        listed = {m["epoch"] for m in manifests}
+        for epoch in self.epochs():  # a manifest present but unreadable: passed over, said
+            if epoch not in listed and self.run.checkpoint_manifest(epoch).exists():
+                if chosen is None or epoch > chosen["epoch"]:
+                    lines.append(f"the checkpoint of epoch {epoch} has an unreadable manifest: passed over")
+        if chosen is None and (manifests or lines):
+            lines.append("no checkpoint generation is readable: training starts again from epoch 0")
+        for line in lines:
             print(f"warning: {line}", file=sys.stderr, flush=True)
         self.complete = sorted(keep)
         self.prune(keep, newer=True)

@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gtopk.host import heartbeat
-from gtopk.records.identity import summary_fields
+from gtopk.records.identity import quarantine, summary_fields
 from gtopk.records.regime import coverage
 from gtopk.records.reporting import Progress, WandbLogger
 from gtopk.records.rundir import JsonLines, RunDir, read_jsonl, write_json_atomic
@@ -131,6 +131,15 @@ def train(ranks: Ranks, cfg: DictConfig, logger, progress: Progress) -> None:
     per_epoch = ranks.steps_per_epoch()
     epochs_log = JsonLines(run_dir.epochs) if ranks.lead else None
     recorded = {e.get("epoch") for e in read_jsonl(run_dir.epochs)} if epochs_log else set()
+    stale = sorted(e for e in recorded if isinstance(e, int) and e >= start)
+    if epochs_log and stale:  # epochs whose checkpoint is unreadable: they run again, recorded once
+        kept = [e for e in read_jsonl(run_dir.epochs) if isinstance(e.get("epoch"), int) and e["epoch"] < start]
+        epochs_log.close()
+        quarantine(run_dir.epochs, f"{run_dir.epochs} records epochs {stale} that no readable checkpoint holds")
+        epochs_log = JsonLines(run_dir.epochs)
+        for e in kept:
+            epochs_log.write(e)
+        recorded = {e["epoch"] for e in kept}
     if epochs_log and saved and saved["epoch"] not in recorded:
         epochs_log.write(saved)  # saved, but the last run stopped before recording it
     it_global = start * per_epoch
