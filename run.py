@@ -9,6 +9,7 @@ Bad input is one line on stderr (exit 2), the command line's checked before Hydr
 job exits 1 (a sweep goes on and lists its failed jobs at the end; gtopk.run.jobs).
 """
 
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -33,6 +34,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    # a log handler that cannot write (a full disk) drops the record instead of printing a traceback
+    logging.raiseExceptions = False
     problem = command_line_problem(sys.argv[1:], Path(__file__).resolve().parent / "conf")
     if problem:  # before Hydra, which creates the run folder first and reports over several lines
         print(f"error: {problem}", file=sys.stderr)

@@ -31,6 +31,7 @@ warning, and the job quarantines it and runs again (``gtopk.run.job``).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -232,12 +233,19 @@ def failed(roots: Iterable[str | Path]) -> list[RunDir]:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """``obj`` as ``path``, whole or not at all (temp file, fsync, rename); a failed write
+    (a full disk) leaves no temp file behind."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 class JsonLines:

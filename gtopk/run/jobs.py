@@ -177,9 +177,13 @@ def job_failed(
     sweep goes on); otherwise exit with ``code``."""
     if full_text is not None:
         log.error("job failed: %s\n%s", one_line, full_text)
+    unrecorded = ""
     if record is not None and run_dir.is_dir():
-        write_json_atomic(run_dir / FAILED, {"error": one_line, "time": time.time(), **record})
-    print(f"error: {one_line}", file=sys.stderr, flush=True)
+        try:
+            write_json_atomic(run_dir / FAILED, {"error": one_line, "time": time.time(), **record})
+        except OSError as e:  # a full or read-only disk: the failure is still said, on stderr
+            unrecorded = f" (not recorded in {FAILED}: {e.strerror or e})"
+    print(f"error: {one_line}{unrecorded}", file=sys.stderr, flush=True)
     if not in_basic_sweep():
         raise SystemExit(code)
     path = job_log() if full_text is not None else None

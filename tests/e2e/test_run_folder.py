@@ -138,3 +138,21 @@ def test_a_read_only_mount_is_refused(tmp_path):
         assert done.returncode == 2 and "is not writable" in one_line_error(done.stderr)
     finally:
         subprocess.run(["umount", str(ro)])
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
+    from tests.procs import simulated_train
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(full)]).returncode:
+        pytest.skip("needs root and mount (a small tmpfs)")
+    try:
+        done = run(*simulated_train(nodes=2, epochs=3, train_size=64, test_size=16), f"hydra.run.dir={full / 'job'}")
+        assert done.returncode == 1, done.stderr[-3000:]
+        errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and "No space left on device" in errors[0], done.stderr[-3000:]
+        assert "Logging error" not in done.stderr and "Traceback" not in done.stderr
+        assert not list((full / "job").glob(".*.tmp*"))
+    finally:
+        subprocess.run(["umount", str(full)])
