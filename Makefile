@@ -143,6 +143,7 @@ reproduce-paper-length: setup fashion-mnist  ## Fig. 5 at the paper's length: P=
 	  $(PY) run.py -m experiment=fig5_paper_length nodes=$$p reducer=$$r seed=$$s $(ARGS) || rc=1; \
 	  $(PY) -m gtopk.records.archive save runs/fig5_paper_length $(PL_ARCHIVE) || exit 1; \
 	done; exit $$rc
+	$(REPRODUCE) paper_length
 
 reproduce-all: setup  ## Every figure and table: the scaling ones, then Fig. 5 (FULL=1, DATA=fashion as for reproduce-fig5)
 	$(REPRODUCE) scaling --netbench "$(NETBENCH_ARGS)" $(ARGS)

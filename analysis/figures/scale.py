@@ -222,12 +222,12 @@ def provenance(grid: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def publish(folder: Path, dest: Path, grid: pd.DataFrame) -> list[Path]:
+def publish(folder: Path, dest: Path, grid: pd.DataFrame, stem: str = STEM) -> list[Path]:
     """Copy this analysis's CSV, PNG and markdown files from ``folder`` to ``dest``, with
     ``provenance.md``."""
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
-    for src in sorted(folder.glob(f"{STEM}*")):
+    for src in sorted(folder.glob(f"{stem}*")):
         if src.suffix in (".csv", ".png", ".md"):
             copied.append(Path(shutil.copy2(src, dest / src.name)))
     (dest / "provenance.md").write_text(provenance(grid))
@@ -244,7 +244,7 @@ def tables(roots: Sequence[str | Path], nodes=(), reducers=(), seeds=()) -> dict
     grid = cells(roots, nodes, reducers, seeds)
     if grid.empty:
         raise SystemExit(
-            f"no training run under {' '.join(map(str, roots))}: train some (make reproduce-scale), or give their folder"
+            f"no training run under {' '.join(map(str, roots))}: train some first (make reproduce-scale, make reproduce-paper-length), or give their folder"
         )
     done = set(grid.loc[grid["state"] == "finished", "run_dir"])
     curves = load_curves(roots)
@@ -264,21 +264,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reducers", nargs="*", default=[], help="the grid's reducers (default: those found)")
     ap.add_argument("--seeds", nargs="*", type=int, default=[], help="the grid's seeds (default: those found)")
     ap.add_argument("--publish", metavar="DIR", help="copy the CSV, PNG and markdown here, with provenance.md")
+    ap.add_argument("--stem", default=STEM, help=f"the outputs' file names (default {STEM})")
     args = ap.parse_args(argv)
+    stem = args.stem
     if args.wandb:
         raise SystemExit("analysis.figures.scale reads run directories only (--wandb is not supported)")
     out = tables(args.roots, args.nodes, args.reducers, args.seeds)
     folder = out_dir(args.roots, args.out)
-    save(plot_curves(out["curves"]), out["curves"].sort_values(["model", "nodes", "label", "epoch"]), folder, STEM)
-    save(None, out["table"], folder, f"{STEM}_table")
+    save(plot_curves(out["curves"]), out["curves"].sort_values(["model", "nodes", "label", "epoch"]), folder, stem)
+    save(None, out["table"], folder, f"{stem}_table")
     text = markdown(out["table"], out["grid"])
-    (folder / f"{STEM}_table.md").write_text(text)
-    save(None, out["grid"], folder, f"{STEM}_cells")
+    (folder / f"{stem}_table.md").write_text(text)
+    save(None, out["grid"], folder, f"{stem}_cells")
     if not out["gap"].empty:
-        save(plot_gap(out["gap"]), out["gap"], folder, f"{STEM}_gap_coverage")
-    print(f"wrote {folder / f'{STEM}_table.md'}\n\n{text}")
+        save(plot_gap(out["gap"]), out["gap"], folder, f"{stem}_gap_coverage")
+    print(f"wrote {folder / f'{stem}_table.md'}\n\n{text}")
     if args.publish:
-        for p in publish(folder, Path(args.publish), out["grid"]):
+        for p in publish(folder, Path(args.publish), out["grid"], stem):
             print(f"published {p}")
 
 

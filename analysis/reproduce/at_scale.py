@@ -25,3 +25,26 @@ def scale(overrides: list[str]) -> None:
     for flag, key in SCALE_GRID:
         grid += [f"--{flag}", *axis(overrides, key)]
     steps.run([sys.executable, "-m", "analysis.figures.scale", str(runs), *grid, "--publish", str(SCALE_RESULTS)])
+
+
+PAPER_LENGTH_RESULTS = ROOT / "analysis" / "results" / "fig5_paper_length"
+
+
+def paper_length(overrides: list[str]) -> None:
+    """Fig. 5 at the paper's training length on the runs of ``experiment=fig5_paper_length``
+    as they stand (``make reproduce-paper-length``; a partial grid too): the table, curves
+    and cells (``analysis.figures.scale --stem fig5_paper_length``), and the gap to dense
+    against coverage along training beside the grid's budget (``analysis.figures.budgets``:
+    the archived ``fig5_scale`` runs), published to ``analysis/results/fig5_paper_length/``."""
+    overrides = merged(["experiment=fig5_paper_length"], overrides)
+    runs = first_job(overrides)[0]
+    grid: list[str] = []
+    for flag, key in SCALE_GRID:
+        grid += [f"--{flag}", *axis(overrides, key)]
+    stem = "fig5_paper_length"
+    steps.run([sys.executable, "-m", "analysis.figures.scale", str(runs), *grid, "--stem", stem,
+               "--publish", str(PAPER_LENGTH_RESULTS)])  # fmt: skip
+    reducers = [r for r in axis(overrides, "reducer") if r != "dense"]
+    steps.run([sys.executable, "-m", "analysis.figures.budgets", f"grid={SCALE_RESULTS / 'runs'}",
+               f"paper_length={runs}", "--nodes", *axis(overrides, "nodes"), "--reducers", *reducers,
+               "--stem", f"{stem}_budgets", "--out", str(PAPER_LENGTH_RESULTS)])  # fmt: skip

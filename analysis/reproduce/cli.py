@@ -4,6 +4,7 @@ python -m analysis.reproduce fig6|table4|breakdown|scaling [--full] [--netbench 
 python -m analysis.reproduce fig5 [--full] [--data digits|fashion] [HYDRA OVERRIDES...]
 python -m analysis.reproduce validate [--full] [--netbench "K=V ..."] [HYDRA OVERRIDES...]
 python -m analysis.reproduce scale [HYDRA OVERRIDES...]
+python -m analysis.reproduce paper_length [HYDRA OVERRIDES...]
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from analysis.reproduce.at_scale import scale
+from analysis.reproduce.at_scale import paper_length, scale
 from analysis.reproduce.convergence import fig5
 from analysis.reproduce.timing import SCALING_SCRIPTS, VARIANTS, scaling
 from analysis.reproduce.validation import validate
@@ -19,7 +20,7 @@ from analysis.reproduce.validation import validate
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m analysis.reproduce", description=__doc__.split("\n\n")[0])
-    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate", "scale"]))
+    ap.add_argument("target", choices=sorted([*SCALING_SCRIPTS, "fig5", "validate", "scale", "paper_length"]))
     ap.add_argument(
         "--full",
         action="store_true",
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
         validate(args.overrides, shlex.split(args.netbench), args.full)
     elif args.target == "scale":
         scale(args.overrides)
+    elif args.target == "paper_length":
+        paper_length(args.overrides)
     else:
         variants = [tuple(v.split("=", 1)) for v in args.variants.split(",") if "=" in v]
         scaling(args.target, args.overrides, shlex.split(args.netbench), variants, args.full)
