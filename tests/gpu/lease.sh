@@ -16,7 +16,13 @@
 #    threads) at P = 4 and 32 for the ratio;
 # 7. one cell of Fig. 5's whole recipe on CUDA (experiment=fig5_full, P = 32, gTop-k,
 #    140 epochs; whatever epochs its time limit lets it finish are in its epochs.jsonl).
-# PARTS picks some (default: 1-5; e.g. PARTS="profile train", PARTS="tier simulated fig5").
+# 8. Fig. 5 at the paper's training length on CUDA (experiment=fig5_paper_length, 8 x 8 as the
+#    CPU grid, device=cuda): the cells of $PL_CELLS in order, as many as $PAPER_S seconds allow
+#    (default 540); a cell cut short resumes from its checkpoint on the next lease when $OUT's
+#    paper_runs.tgz (checkpoints included) is unpacked at the repository root first. A P = 32 step
+#    costs about 85 ms on an H200 (launch-bound, docs/gpu.md), so 9 minutes are ~6,000 of a
+#    cell's 55,224 iterations.
+# PARTS picks some (default: 1-5; e.g. PARTS="profile train", PARTS="tier simulated fig5", PARTS=paper).
 # Each part has its own time limit and the next runs whatever it ended with; everything
 # lands in $OUT (default runs/gpu/lease). It uses `python3` (the interpreter that has CUDA
 # torch there) and, when .whl/ holds wheels, installs them first into /tmp/site (the
@@ -105,6 +111,18 @@ if want fig5; then
     rc=$?; t1=$(date +%s.%N)
     echo "exit $rc after $(python3 -c "print(round($t1 - $t0, 1))") s, $(wc -l <runs/gpu_fig5/gtopk_p32/epochs.jsonl) epochs"
     tail -n 2 runs/gpu_fig5/gtopk_p32/epochs.jsonl 2>/dev/null
+fi
+if want paper; then
+    echo "== 8. Fig. 5 at the paper's length on CUDA (limit ${PAPER_S:=540} s)"
+    end=$(( $(date +%s) + PAPER_S ))
+    for c in ${PL_CELLS:-32:gtopk:0 32:dense:0 32:gtopk_exact:0 32:topk:0}; do
+        left=$(( end - $(date +%s) )); (( left > 30 )) || break
+        p=${c%%:*}; rest=${c#*:}; r=${rest%%:*}; s=${rest#*:}
+        timeout "$left" python3 run.py -m experiment=fig5_paper_length nodes=$p reducer=$r seed=$s device=cuda \
+            logger.wandb=false >>"$out/paper.log" 2>&1
+        echo "$c exit $? epochs $(cat runs/fig5_paper_length/*nodes=$p,reducer=$r,seed=$s*/epochs.jsonl 2>/dev/null | wc -l)"
+    done
+    tar czf "$out/paper_runs.tgz" runs/fig5_paper_length 2>/dev/null  # checkpoints too: the next lease resumes
 fi
 tar czf "$out/runs.tgz" --exclude='*.pt' runs/gpu runs/gpu_profile runs/profiles runs/gpu_train runs/gpu_fig5 \
     2>/dev/null
