@@ -44,7 +44,6 @@ def paper_length(overrides: list[str]) -> None:
     stem = "fig5_paper_length"
     steps.run([sys.executable, "-m", "analysis.figures.scale", str(runs), *grid, "--stem", stem,
                "--publish", str(PAPER_LENGTH_RESULTS)])  # fmt: skip
-    reducers = [r for r in axis(overrides, "reducer") if r != "dense"]
     steps.run([sys.executable, "-m", "analysis.figures.budgets", f"grid={SCALE_RESULTS / 'runs'}",
-               f"paper_length={runs}", "--nodes", *axis(overrides, "nodes"), "--reducers", *reducers,
+               f"paper_length={runs}", "--nodes", *axis(overrides, "nodes"), "--reducers", *axis(overrides, "reducer"),
                "--stem", f"{stem}_budgets", "--out", str(PAPER_LENGTH_RESULTS)])  # fmt: skip
