@@ -59,6 +59,14 @@ Declarations (class attributes, read without building the reducer or any process
   its reference or ``reduce_group`` (summation order of a backend's all-reduce, fp16
   rounding); None: bit for bit where it selects (``uses_density``), else float32 rounding
   (rtol 1e-5, atol 1e-6) (``gtopk.perf.schedulecheck.same_update``).
+* ``feedback_tolerance``: (rtol, atol) within which what one worker applied plus what it kept
+  may differ from what it accumulated (a quantizing compressor's ``c + (p - c)`` rounds in
+  float32); None: bit for bit (a selection moves entries and rounds none).
+* ``conserves``: every accumulated entry is applied (summed into P x the update) or kept in a
+  residual, so over any steps P x the sum of the updates plus the residuals is the sum of
+  the gradients (error feedback without loss; gTop-k's paper put-back loses what an early
+  merge dropped, so it declares False). Checked by the conformance kit on P ranks through
+  ``reduce_group``, independently of the reducer's reference.
 * ``schedule_tolerance``: the relative error its ``predict_commu`` may have against one
   recorded step (0: equal; a model averaged over steps, or assuming balanced data, states
   how far one step may stray).
@@ -155,6 +163,8 @@ class Reducer(ABC):
     reference: ClassVar[Reference | None] = None
     hooked_backward: Backward | None = None
     tolerance: ClassVar[tuple[float, float] | None] = None
+    feedback_tolerance: ClassVar[tuple[float, float] | None] = None
+    conserves: ClassVar[bool] = True
     schedule_tolerance: ClassVar[float] = 0.0
 
     @classmethod

@@ -89,6 +89,8 @@ class GTopKReducer(SparseReducer):
         self.algorithm = algorithm
         self.putback = putback
         self.selection = selection
+        #: the exact put-back keeps every entry not applied; the paper's loses what an early merge dropped
+        self.conserves = putback == "exact"  # type: ignore[misc]
 
     @classmethod
     def predict_commu(
