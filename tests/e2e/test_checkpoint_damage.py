@@ -4,6 +4,8 @@ the job says so, trains from epoch 0 and records every epoch once."""
 
 from __future__ import annotations
 
+import pytest
+
 from gtopk.records.rundir import read_jsonl
 from tests.procs import run, simulated_train
 
@@ -19,6 +21,7 @@ def stopped_in_epoch_2(tmp_path):
     return d, gens
 
 
+@pytest.mark.slow  # in make test: no readable generation (below); the manifest check: tests/unit/test_checkpoints.py
 def test_an_unreadable_newest_manifest_is_named_and_the_older_generation_resumed(tmp_path):
     d, gens = stopped_in_epoch_2(tmp_path)
     (gens[1] / "manifest.json").write_bytes(b"\xff{not json")

@@ -93,12 +93,25 @@ def test_rerun_moves_only_what_the_job_wrote(tmp_path):
 
 
 def test_a_folder_from_before_the_marker_is_the_projects(tmp_path):
-    d = tmp_path / "old"
-    first = run(*FAST, f"hydra.run.dir={d}")
-    assert first.returncode == 0, first.stderr[-2000:]
-    (d / MARKER).unlink()  # as a folder made before the marker existed
-    same = run(*FAST, f"hydra.run.dir={d}")
-    assert same.returncode == 0 and "skipping" in same.stdout, same.stderr[-2000:]
+    from gtopk.records.claim import ForeignFolder, claim
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "attempts.jsonl").write_text("{}\n")  # a run in progress from before the marker
+    (old / "notes.txt").write_text("the user's")
+    claim(old)
+    assert (old / MARKER).exists()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("the user's")
+    with pytest.raises(ForeignFolder, match="notes.txt"):
+        claim(foreign)
+    assert not (foreign / MARKER).exists()
+    fresh = tmp_path / "fresh"
+    (fresh / ".hydra").mkdir(parents=True)  # what Hydra writes before the job
+    (fresh / "run.log").write_text("")
+    claim(fresh)
+    assert (fresh / MARKER).exists()
 
 
 def test_a_folder_name_over_255_bytes_is_shortened(tmp_path):

@@ -137,6 +137,18 @@ def test_a_damaged_file_in_the_newest_generation_falls_back_to_the_previous(save
     assert generations(run) == [1, 2] and saved_generation(run.path)["epoch"] == 2
 
 
+def test_an_unreadable_manifest_is_named_and_no_readable_generation_is_said(saved, compose, tmp_path, capsys):
+    run = RunDir(tmp_path / "run")
+    run.checkpoint_manifest(2).write_bytes(b"\xff{not json")
+    again = simulated(compose, tmp_path / "run")
+    assert again.load() == (2, metrics(1))
+    assert "the checkpoint of epoch 2 has an unreadable manifest: passed over" in capsys.readouterr().err
+    run.checkpoint(0, 1).write_bytes(b"")  # the last readable generation damaged too
+    third = simulated(compose, tmp_path / "run")
+    assert third.load()[0] == 0
+    assert "no checkpoint generation is readable: training starts again from epoch 0" in capsys.readouterr().err
+
+
 def test_the_fingerprint_is_stored_and_a_checkpoint_of_other_settings_refused(saved, compose, tmp_path):
     run = RunDir(tmp_path / "run")
     assert saved_generation(run.path)["fingerprint"] == "fp-A"
