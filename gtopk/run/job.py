@@ -234,11 +234,11 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
     gen = saved_generation(run_dir, verify=False) if run.checkpoints.exists() else None  # the workers verify
     saved = None if gen is None else gen.get("fingerprint")
     v = verdict(run_dir, ident, saved, gen is not None)
-    if v.action == "run" and settle and gen is not None and not _rows_kept(run):
+    if v.action == "run" and settle and gen is not None and not _rows_kept(run, gen):
         # a checkpoint whose steps' records are lost: resuming would leave the steps unrecorded
         dest = move_aside(run_dir)
         print(
-            f"warning: {run.path}'s iteration rows hold no usable row of the checkpointed steps; its records were moved to "
+            f"warning: {run.iters(0)} lost the rows of epochs its checkpoint holds; the run's records were moved to "
             f"{dest} and the job trains from the start",
             file=sys.stderr,
             flush=True,
@@ -257,9 +257,11 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
     return Verdict("run")
 
 
-def _rows_kept(run: RunDir) -> bool:
-    """Whether the ranks' iteration rows still hold a timed step the summary can use."""
-    return any(summarizable(r) and not r.get("warmup") for p in run.all_iters() for r in iter_jsonl(p))
+def _rows_kept(run: RunDir, generation: dict) -> bool:
+    """Whether rank 0's iteration rows still hold a usable step of every epoch the
+    checkpoint ``generation`` covers (warm-up steps count: they are steps)."""
+    epochs = {r.get("epoch") for r in iter_jsonl(run.iters(0)) if summarizable(r)}
+    return all(e in epochs for e in range(int(generation.get("epoch", -1)) + 1))
 
 
 def skipped(run_dir: Path, value: float | None) -> float | None:
