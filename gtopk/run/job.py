@@ -145,7 +145,11 @@ def run_job(cfg: DictConfig) -> float | None:
     except JobBusy as e:
         job_failed(run_dir, str(e), EXIT_BAD_INPUT)  # the run directory is another process's
     except WorkerError as e:
-        job_failed(run_dir, e.summary(), EXIT_FAILED, {"type": "WorkerError", "failures": e.failures}, str(e))
+        if disk_full(run_dir):  # the disk's, not the job's: one line saying what to do
+            line = f"the disk holding {run_dir} is full ({e.summary()}); free space, then re-run the same command to resume"
+            job_failed(run_dir, line, EXIT_BAD_INPUT, {"type": "DiskFull", "failures": e.failures}, str(e))
+        else:
+            job_failed(run_dir, e.summary(), EXIT_FAILED, {"type": "WorkerError", "failures": e.failures}, str(e))
     except Exception as e:  # noqa: BLE001 - any other failure of this job: recorded, reported
         text = traceback.format_exc()
         job_failed(
@@ -255,6 +259,14 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
         dest = move_aside(run_dir)
         print(f"rerun=true: the result of other settings moved to {dest}", flush=True)
     return Verdict("run")
+
+
+def disk_full(run_dir: Path) -> bool:
+    """Whether the file system holding ``run_dir`` has no block left for the job."""
+    try:
+        return os.statvfs(run_dir).f_bavail == 0
+    except OSError:
+        return False
 
 
 def _rows_kept(run: RunDir, generation: dict) -> bool:
