@@ -22,6 +22,9 @@ P = 4
 
 
 def workers_of(n: dict) -> list:
+    """P ranks' reducers of config ``n`` for ``reduce_group`` (skips a class that is not simulatable)."""
+    if skip := kit.simulated_skip(n):
+        pytest.skip(skip)
     cls = kit.cls_of(n)
     workers = [instantiate(n) for _ in range(P)]
     if hasattr(cls, "prepare_group"):
@@ -30,8 +33,6 @@ def workers_of(n: dict) -> list:
 
 
 def test_what_is_applied_plus_what_is_kept_is_every_gradient(reducer_node):
-    if skip := kit.simulated_skip(reducer_node):
-        pytest.skip(skip)
     workers = workers_of(reducer_node)
     if not getattr(workers[0], "conserves", True):
         pytest.skip(f"{reducer_node['_target_']} declares that it does not conserve (conserves=False)")
@@ -52,8 +53,6 @@ def test_what_is_applied_plus_what_is_kept_is_every_gradient(reducer_node):
 
 
 def test_a_dense_equivalent_input_is_applied_as_it_is(reducer_node):
-    if skip := kit.simulated_skip(reducer_node):
-        pytest.skip(skip)
     workers = workers_of(reducer_node)
     if not getattr(workers[0], "uses_density", False):
         pytest.skip(f"{reducer_node['_target_']} does not sparsify")

@@ -5,6 +5,7 @@ that is new, empty or its own; ``rerun=true`` moves only what a job wrote; the c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -141,31 +142,31 @@ def test_a_folder_that_cannot_be_written_is_one_line(tmp_path):
     assert done.returncode == 2 and "is a file, not a folder" in one_line_error(done.stderr)
 
 
-def test_a_read_only_mount_is_refused(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode:
-        pytest.skip("needs root and mount (a read-only tmpfs)")
+@contextlib.contextmanager
+def tmpfs(folder: Path, options: str):
+    """A tmpfs mounted at ``folder`` for the block (skips without root and mount)."""
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)]).returncode:
+        pytest.skip(f"needs root and mount (a tmpfs, {options})")
     try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)])
+
+
+def test_a_read_only_mount_is_refused(tmp_path):
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
         done = run(*FAST, f"hydra.run.dir={ro / 'run'}")
         assert done.returncode == 2 and "is not writable" in one_line_error(done.stderr)
-    finally:
-        subprocess.run(["umount", str(ro)])
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
     from tests.procs import simulated_train
 
-    full = tmp_path / "full"
-    full.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(full)]).returncode:
-        pytest.skip("needs root and mount (a small tmpfs)")
-    try:
+    with tmpfs(tmp_path / "full", "size=300k") as full:
         done = run(*simulated_train(nodes=2, epochs=3, train_size=64, test_size=16), f"hydra.run.dir={full / 'job'}")
         assert done.returncode == 2, done.stderr[-3000:]  # the disk's cause, not the job's
         errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
         assert len(errors) == 1 and "is full" in errors[0] and "re-run the same command" in errors[0], done.stderr
         assert "Logging error" not in done.stderr and "Traceback" not in done.stderr
         assert not list((full / "job").glob(".*.tmp*"))
-    finally:
-        subprocess.run(["umount", str(full)])
