@@ -1,8 +1,9 @@
 """The conformance kit's discovery and checks (docs/testing.md, "The conformance kit").
 
-Reducers are found, never listed: ``names()`` is every ``conf/reducer/*.yaml`` (or those of
-another folder, ``conf``), ``node(name)`` its resolved config as ``run.py`` composes it
-(``tests.config.compose_config``), and everything else comes from what its class declares
+Reducers are found, never listed: ``names()`` is every ``conf/reducer/*.yaml`` and every
+test-only example of ``EXAMPLES/reducer/*.yaml`` (``names(conf)``: those of one folder),
+``node(name)`` its resolved config as ``run.py`` composes it (``tests.config.compose_config``;
+an example's yaml on its own), and everything else comes from what its class declares
 (``Reducer.declared``, ``reference``, ``simulatable``, ``overlaps_backward``). A check a
 class cannot take (no ``reference``, not ``simulatable``) is skipped with that reason.
 
@@ -20,6 +21,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
+from gtopk.perf import schedulecheck as sc
 from gtopk.perf.schedulecheck import same_update
 from tests.config import CONF, compose_config
 
@@ -28,15 +30,32 @@ DENSITY = 0.02  # k = 12 of 600
 STEPS = 3
 
 
-def names(conf: Path = CONF) -> list[str]:
-    """Every ``<conf>/reducer/*.yaml``, by name."""
+#: test-only reducers, a conf-like folder (``reducer/<name>.yaml``): the kit checks them, run.py does not offer them
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+
+def names(conf: Path | None = None) -> list[str]:
+    """Every ``<conf>/reducer/*.yaml``, by name (None: ``conf/`` and ``EXAMPLES``)."""
+    if conf is None:
+        built_in, examples = names(CONF), names(EXAMPLES)
+        assert not set(built_in) & set(examples), f"an example may not reuse a name of conf/reducer: {examples}"
+        return built_in + examples
     return sorted(p.stem for p in (conf / "reducer").glob("*.yaml"))
 
 
 @functools.cache
 def node(name: str) -> dict:
-    """The resolved ``reducer`` node of ``run.py reducer=<name> density=DENSITY``."""
+    """The resolved ``reducer`` node of ``run.py reducer=<name> density=DENSITY`` (an example: its yaml)."""
+    if (EXAMPLES / "reducer" / f"{name}.yaml").exists():
+        return node_from(EXAMPLES / "reducer" / f"{name}.yaml")
     return OmegaConf.to_container(compose_config([f"reducer={name}", f"density={DENSITY}"]).reducer, resolve=True)
+
+
+def schedule_case(name: str, **overrides) -> sc.Case:
+    """``gtopk.perf.schedulecheck.case`` for an example (that one reads ``conf/reducer`` only)."""
+    n = {k: v for k, v in node(name).items() if k != "density"}
+    cls, settings = get_class(n.pop("_target_")), {**n, **overrides}
+    return sc.Case(name, cls, settings, sc._skip(cls, settings))
 
 
 def node_from(path: Path, density: float = DENSITY) -> dict:
