@@ -24,11 +24,6 @@ the runs (their ``summary.json``'s ``env``). Nothing here is collective.
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,8 +35,9 @@ from analysis.figures.curves import load_curves, table
 from analysis.figures.fig5 import plot_curves
 from analysis.figures.gapcov import MARKERS, gap_coverage
 from analysis.reducers import display, of_label, palette
+from analysis.reproduce.publish import copy, machine, origin, run_origins
 from analysis.training import reducer_label
-from gtopk.records.rundir import RunDir, run_dirs
+from gtopk.records.rundir import run_dirs
 
 STEM = "fig5_scale"
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,40 +180,22 @@ def markdown(tab: pd.DataFrame, grid: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def _cpu() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
-
-
 def provenance(grid: pd.DataFrame) -> str:
     """provenance.md: the commit and machine of this analysis, the date, the cells done, and
-    the commits and machines the finished runs record (``summary.json``'s ``env``)."""
-    commit = _git("rev-parse", "HEAD") or "unknown (not a git checkout)"
-    dirty = " with uncommitted changes" if _git("status", "--porcelain", "--untracked-files=no") else ""
-    made = set()
-    for path in grid.loc[grid["state"] == "finished", "run_dir"]:
-        env = (RunDir(Path(path)).summary_if_readable() or {}).get("env") or {}
-        made.add((env.get("git_commit", "?"), env.get("host", "?"), env.get("cpu", "?"), env.get("cpu_count", "?")))
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    the commits and machines the finished runs record (``summary.json``'s ``env``), from
+    ``analysis.reproduce.publish``'s ``origin`` and ``run_origins``."""
+    o = origin()
+    dirty = " with uncommitted changes" if o["dirty"] else ""
+    made = run_origins(grid.loc[grid["state"] == "finished", "run_dir"])
     lines = [
         "# Provenance of the Fig. 5 at scale outputs",
         "",
-        f"* made by `python -m analysis.figures.scale` at commit {commit}{dirty}",
-        f"* machine: {platform.node()}, {_cpu()}, {os.cpu_count()} CPUs; {when}",
+        f"* made by `python -m analysis.figures.scale` at commit {o['commit']}{dirty}",
+        f"* machine: {machine(o)}; {o['date']}",
         f"* cells: {int((grid['state'] == 'finished').sum())} of {len(grid)} finished "
         f"({', '.join(f'{n} {s}' for s, n in grid['state'].value_counts().sort_index().items())})",
         "* the runs were trained at (commit, host, CPU, CPUs):",
-        *(f"  * {c}, {h}, {cpu}, {n}" for c, h, cpu, n in sorted(made, key=str)),
+        *(f"  * {', '.join(r)}" for r in made),
     ]
     return "\n".join(lines) + "\n"
 
@@ -225,11 +203,8 @@ def provenance(grid: pd.DataFrame) -> str:
 def publish(folder: Path, dest: Path, grid: pd.DataFrame, stem: str = STEM) -> list[Path]:
     """Copy this analysis's CSV, PNG and markdown files from ``folder`` to ``dest``, with
     ``provenance.md``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for src in sorted(folder.glob(f"{stem}*")):
-        if src.suffix in (".csv", ".png", ".md"):
-            copied.append(Path(shutil.copy2(src, dest / src.name)))
+    sources = {src.name: src for src in sorted(folder.glob(f"{stem}*")) if src.suffix in (".csv", ".png", ".md")}
+    copied = copy(sources, dest)
     (dest / "provenance.md").write_text(provenance(grid))
     return [*copied, dest / "provenance.md"]
 

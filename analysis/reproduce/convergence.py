@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from analysis.reducers import names, ordered
-from analysis.reproduce import steps
+from analysis.reproduce import publish, steps
 from analysis.reproduce.sweep import ROOT, axis, first_job, keys, merged
 
 
@@ -50,7 +50,7 @@ def fig5(overrides: list[str], full: bool, data: str = "digits") -> None:
     """Train the Fig. 5 runs (``run.py -m``), plot them with their table, gap diagnostics and
     gap against coverage, export them to wandb: the quick variant, or with ``full`` the full
     one, on ``data`` (digits or fashion)."""
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     roots: list[Path] = []
     for sweep in fig5_sweeps(overrides, full, data):
         steps.run([sys.executable, str(ROOT / "run.py"), "-m", *sweep])
@@ -71,6 +71,18 @@ def fig5(overrides: list[str], full: bool, data: str = "digits") -> None:
             ]
         )
     steps.export(*roots)
+    density = [roots[1] / "analysis"] if len(roots) > 1 else []
+    found = publish.outputs_of(roots[0] / "analysis", ["fig5", "fig5_table", "fig5_gap", "gap_coverage"])
+    for folder in density:
+        found |= publish.outputs_of(folder, ["density", "density_table", "density_gap", "density_gap_coverage"])
+    flags = (["--full"] if full else []) + ["--data", data]
+    publish.publish(
+        publish.destination(overrides, roots[0].name, roots[0]),
+        found,
+        publish.command("fig5", flags, overrides),
+        since=started,
+        run_roots=roots,
+    )
     outputs = "fig5.{png,pdf,csv}, fig5_table.{csv,md}, fig5_gap.{png,pdf,csv}, gap_coverage.{png,pdf,csv}"
     print(f"\nfig5: {time.monotonic() - t0:.0f} s. Outputs in {roots[0] / 'analysis'}/: {outputs}", flush=True)
     if len(roots) > 1:

@@ -9,7 +9,7 @@ import time
 
 from analysis import memfit
 from analysis.reducers import conf_reducers, reference_baseline
-from analysis.reproduce import steps
+from analysis.reproduce import publish, steps
 from analysis.reproduce.sweep import ROOT, axis, merged
 
 DEFAULTS = ["experiment=fig6_reproduce"]  # the sweep axes are in the experiment's hydra.sweeper.params
@@ -51,13 +51,25 @@ def v1_sweep(overrides: list[str]) -> list[list[str]]:
     return [merged(overrides, ["nodes=1", f"reducer={ref}"])]
 
 
+def results_name(runs, overrides: list[str], full: bool = False) -> str:
+    """The ``analysis/results/`` folder a scaling run publishes to: ``fig6`` for the runs of
+    ``experiment=fig6_reproduce`` (another ``name=``: that name), ``_baselines`` for
+    ``experiment=fig6_baselines``, ``_full`` with ``--full``."""
+    name = "fig6" if runs.name == DEFAULTS[0].split("=")[1] else runs.name
+    experiment = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "experiment"]
+    if experiment and experiment[-1] != DEFAULTS[0].split("=")[1]:
+        name += "_" + experiment[-1].removeprefix("fig6_")
+    return name + ("_full" if full else "")
+
+
 def scaling(target: str, overrides: list[str], netbench: list[str], variants=(), full: bool = False) -> None:
     """Steps 1-4 of docs/reproducing.md ("What make reproduce-fig6 does") for a scaling
     target, the v_1 jobs (``v1_sweep``) and the ``variants`` (``variant_sweeps``) swept after
     the experiment; ``full``: then
     each P beyond the experiment's (``memfit.split``), its ``run.py -m`` over the models that
     fit, decided just before it (``memfit.sweep_at``), with its variants."""
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
+    given = list(overrides)
     overrides = steps.pick_cluster(merged(DEFAULTS, overrides))
     base, beyond = memfit.split(overrides, axis) if full else (overrides, [])
     runs, net = steps.calibrate(overrides, netbench, beyond)
@@ -70,6 +82,15 @@ def scaling(target: str, overrides: list[str], netbench: list[str], variants=(),
             [sys.executable, "-m", f"analysis.figures.{script}", str(runs), "--network", str(net / "profile.json")]
         )
     steps.export(runs)
+    stems = SCALING_SCRIPTS[target] + ([memfit.CSV.removesuffix(".csv")] if full else [])
+    publish.publish(
+        publish.destination(overrides, results_name(runs, overrides, full), runs),
+        publish.outputs_of(runs / "analysis", stems),
+        publish.command(target, ["--full"] if full else [], given),
+        since=started,
+        inputs={"network_profile.json": net / "profile.json"},
+        run_roots=[runs],
+    )
     outputs = [f"{s}.csv, {s}.md" if s == "table4" else f"{s}.{{png,pdf,csv}}" for s in SCALING_SCRIPTS[target]]
     print(
         f"\n{target}: {time.monotonic() - t0:.0f} s. Outputs in {runs / 'analysis'}/: {'; '.join(outputs)}. "
