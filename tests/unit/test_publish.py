@@ -143,3 +143,44 @@ def test_runs_sent_elsewhere_publish_nothing(tmp_path, monkeypatch):
 )
 def test_the_results_folder_of_a_scaling_run(runs, overrides, full, name):
     assert timing.results_name(Path(runs), overrides, full) == name
+
+
+def test_make_reproduce_fig6_publishes_what_its_scripts_wrote(tmp_path, monkeypatch):
+    """The whole target with every command replaced: the figure scripts' outputs (written by
+    the stand-in) land in ``analysis/results/fig6/`` of a tmp checkout, with the command."""
+    from analysis import reproduce
+    from analysis.reproduce import steps
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(publish, "ROOT", tmp_path)
+    monkeypatch.setattr(publish, "RESULTS", tmp_path / "analysis" / "results")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    scripts = []
+
+    def fake_run(cmd: list[str]) -> None:
+        if cmd[1:2] == ["-m"] and cmd[2].startswith("analysis.figures."):
+            stem = cmd[2].rsplit(".", 1)[1]
+            scripts.append(stem)
+            out = Path(cmd[3]) / "analysis"
+            for kind in (".csv", ".md") if stem == "table4" else (".png", ".pdf", ".csv"):
+                write(out / f"{stem}{kind}", f"{stem} of this run")
+        if cmd[1:3] == ["-m", "gtopk.perf.netbench"]:
+            out = next(c.split("=", 1)[1] for c in cmd if c.startswith("out="))
+            write(Path(out) / "profile.json", "{}")
+
+    monkeypatch.setattr(steps, "run", fake_run)
+    reproduce.main(["fig6", "cluster=local", "model=resnet20"])
+    dest = tmp_path / "analysis" / "results" / "fig6"
+    assert scripts == ["fig6", "table4", "breakdown", "commmodel"]
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "breakdown.csv", "breakdown.png", "commmodel.csv", "commmodel.png", "fig6.csv", "fig6.png",
+        "network_profile.json", "provenance.md", "table4.csv", "table4.md",
+    ]  # fmt: skip
+    prov = (dest / "provenance.md").read_text()
+    assert "* command: `python -m analysis.reproduce fig6 cluster=local model=resnet20`" in prov
+    assert "* runs: `runs/fig6_reproduce`" in prov
+
+    # the same target with its runs sent elsewhere publishes nothing more
+    (dest / "provenance.md").unlink()
+    reproduce.main(["fig6", "cluster=local", f"hydra.sweep.dir={tmp_path / 'elsewhere'}"])
+    assert not (dest / "provenance.md").exists()
