@@ -35,7 +35,7 @@ from analysis.figures.curves import load_curves, table
 from analysis.figures.fig5 import plot_curves
 from analysis.figures.gapcov import MARKERS, gap_coverage
 from analysis.reducers import display, of_label, palette
-from analysis.reproduce.publish import copy, machine, origin, run_origins
+from analysis.reproduce.publish import copy, machine, origin, run_origins, section, sections
 from analysis.training import reducer_label
 from gtopk.records.rundir import run_dirs
 
@@ -202,11 +202,15 @@ def provenance(grid: pd.DataFrame) -> str:
 
 def publish(folder: Path, dest: Path, grid: pd.DataFrame, stem: str = STEM) -> list[Path]:
     """Copy this analysis's CSV, PNG and markdown files from ``folder`` to ``dest``, with
-    ``provenance.md``."""
+    ``provenance.md``; its sections (``## files``) of other files in ``dest`` are kept."""
     sources = {src.name: src for src in sorted(folder.glob(f"{stem}*")) if src.suffix in (".csv", ".png", ".md")}
+    path = dest / "provenance.md"
+    before = sections(path.read_text()) if path.exists() else []
     copied = copy(sources, dest)
-    (dest / "provenance.md").write_text(provenance(grid))
-    return [*copied, dest / "provenance.md"]
+    # the sections of files published beside these by another command (make payoff's) stay
+    kept = [(f, b) for f, b in before if not set(f) & set(sources) and all((dest / n).exists() for n in f)]
+    path.write_text("\n".join([provenance(grid), *(section(f, [b]) for f, b in kept)]))
+    return [*copied, path]
 
 
 def tables(roots: Sequence[str | Path], nodes=(), reducers=(), seeds=()) -> dict[str, pd.DataFrame]:

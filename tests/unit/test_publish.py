@@ -184,3 +184,28 @@ def test_make_reproduce_fig6_publishes_what_its_scripts_wrote(tmp_path, monkeypa
     (dest / "provenance.md").unlink()
     reproduce.main(["fig6", "cluster=local", f"hydra.sweep.dir={tmp_path / 'elsewhere'}"])
     assert not (dest / "provenance.md").exists()
+
+
+def test_the_scale_figures_keep_the_payoffs_provenance_beside_them(tmp_path):
+    """``analysis.figures.scale --publish`` rewrites its own provenance and keeps the section of
+    the payoff files ``make payoff`` put in the same folder."""
+    import pandas as pd
+
+    from analysis.figures import scale
+
+    out, dest = tmp_path / "analysis", tmp_path / "results"
+    for name in ("fig5_scale.png", "fig5_scale_table.md"):
+        write(out / name, "new")
+    write(dest / "fig5_scale.png", "old")
+    write(dest / "payoff_versus.md", "the map")
+    write(
+        dest / "provenance.md",
+        "# Provenance of the Fig. 5 at scale outputs\n\n* made by an older run\n\n"
+        "## payoff_versus.md\n\n* command: `python -m analysis.payoff runs/fig5_scale`\n",
+    )
+    grid = pd.DataFrame([{"nodes": 4, "reducer": "dense", "seed": 0, "state": "missing", "run_dir": ""}])
+    scale.publish(out, dest, grid)
+    prov = (dest / "provenance.md").read_text()
+    assert (dest / "fig5_scale.png").read_text() == "new"
+    assert "made by an older run" not in prov and "cells: 0 of 1 finished (1 missing)" in prov
+    assert publish.sections(prov) == [(["payoff_versus.md"], "* command: `python -m analysis.payoff runs/fig5_scale`")]
