@@ -153,7 +153,7 @@ validate-model: setup  ## The performance model against measurement: every reduc
 	$(REPRODUCE) validate $(if $(FULL),--full) --netbench "$(NETBENCH_ARGS)" $(ARGS)
 
 fidelity: setup  ## The emulated cluster's fidelity checks (docs/cluster.md): 16 jobs, 5-8 min, timing targets: run on a quiet machine
-	$(PY) -m gtopk.run.cluster.fidelity $(ARGS)
+	$(PY) -m tests.bench.fidelity $(ARGS)
 
 # payoff: PAYOFF_RUNS = folders of training runs (default: runs/fig5_scale of make reproduce-scale where it
 # exists and DATA=fashion is not given, else those of make reproduce-fig5 that exist),

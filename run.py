@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from gtopk.run.job import run_job
+from gtopk.run.execute import run_job
 from gtopk.run.jobs import EXIT_BAD_INPUT
 from gtopk.run.overrides import command_line_problem
 from gtopk.run.slurm.launcher import register

@@ -32,7 +32,7 @@ import pandas as pd
 from analysis.reducers import declared, exact_rows, names, ordered
 from gtopk import paper
 from gtopk.perf.model import LOCAL_TIMES, UnknownConfig, check_reducer, model_shapes, predict_iter
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 SETUP = ["name", "cluster", "compute", "model", "batch_per_worker", "grad_accum_steps", "density"]
 V = "images_per_s_per_worker"

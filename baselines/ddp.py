@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gtopk.host import Clock
+from gtopk.reducers.backward import Backward, BackwardCommu
 from gtopk.reducers.costmodel import (
     VALUE_BYTES,
     Network,
@@ -44,9 +45,8 @@ from gtopk.reducers.costmodel import (
     ring_time,
 )
 from gtopk.reducers.dense import DenseReducer, bucket_numel, bucket_sizes
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.simulated.hooks import HookGroup, hook_group
-from gtopk.train.backward import Backward, BackwardCommu
 
 Stamp = float | torch.cuda.Event
 #: (state, bucket) -> (future of the bucket's averaged gradient, elements of each all-reduce issued)

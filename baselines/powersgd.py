@@ -37,7 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from baselines import powersgd_state as pieces
 from baselines.ddp import DDPReducer
 from gtopk.reducers.costmodel import Network, powersgd_allreduces, powersgd_time
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 
 
 def _int_at_least(name: str, value: Any, low: int, example: int) -> int:

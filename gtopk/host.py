@@ -203,3 +203,10 @@ def heartbeat() -> None:
     """Tell the launcher's watchdog that this rank made progress (no-op outside a worker)."""
     if _beats is not None:
         _beats[_rank] = time.monotonic()
+
+
+def scheduling(realtime: bool) -> None:
+    """Every thread of this process under ``SCHED_FIFO`` (priority 10), or back to ``SCHED_OTHER``."""
+    policy, priority = (os.SCHED_FIFO, 10) if realtime else (os.SCHED_OTHER, 0)
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setscheduler(int(tid), policy, os.sched_param(priority))

@@ -1,5 +1,5 @@
 """Worker functions that run our distributed code under the strict NCCL stand-in
-(``tests.strict_nccl``), in a ``gtopk.run.group.WorkerGroup`` (module level: spawned
+(``tests.strict_nccl``), in a ``gtopk.run.pool.WorkerGroup`` (module level: spawned
 processes import them). Each rank leaves the group's gloo world and joins again through
 ``gtopk.run.world.join_group("nccl", ...)`` on a faked GPU host, the way a GPU job starts,
 then runs one task with ``ExplicitDevice`` active inside every step."""

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from analysis.wandb.datastore import OfflineRun, read_run
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from gtopk.records.rundir import JsonLines, write_json_atomic
 from tests.config import compose_config
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk.reducers import DenseReducer, GTopKReducer, TopKReducer, reference
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from analysis.figures.fig6 import labelled_jobs
 from analysis.reducers import ordered
 from analysis.scaling import SETUP, modelled, rest_of_iteration
 from gtopk import paper
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 PARTS = ("t_compute", "t_compr", "t_commu", "t_other")
 COLOURS = {"t_compute": "#4c72b0", "t_compr": "#dd8452", "t_commu": "#c44e52", "t_other": "#bbbbbb"}

@@ -21,7 +21,7 @@ from analysis.common import MARKERS, model_rank, out_dir, panels, parser, save
 from analysis.figures.fig6 import labelled_jobs
 from analysis.reducers import ordered, palette
 from gtopk.perf.model import UnknownConfig, compare
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 
 def comparisons(jobs: pd.DataFrame, net: NetworkProfile) -> pd.DataFrame:

@@ -24,7 +24,7 @@ from analysis.training import iterations_by_epoch, reducer_label, regime, trend_
 from gtopk.records.rundir import RunDir, read_jsonl, run_dirs
 
 NOT_REACHED = "not reached"
-#: per-iteration diagnostics of the reducers (gtopk.reducers.record.ReduceRecord)
+#: per-iteration diagnostics of the reducers (gtopk.reducers.outcome.ReduceRecord)
 GAP = ("update_nnz", "residual_norm", "lost_l1")
 
 

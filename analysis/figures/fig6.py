@@ -22,7 +22,7 @@ from analysis.common import MARKERS, jobs_or_exit, model_rank, out_dir, panels, 
 from analysis.reducers import ordered, palette
 from analysis.scaling import SETUP, efficiencies, paper_efficiency
 from analysis.training import reducer_label
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 PAPER_STYLE = {"color": "0.6", "linewidth": 1.0, "linestyle": ":", "markersize": 4}
 

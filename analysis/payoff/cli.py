@@ -38,8 +38,8 @@ from analysis.payoff.maps import write_maps
 from analysis.payoff.verdict import CELL, SETUP, best_verdicts, fastest, verdicts
 from analysis.reducers import conf_reducers, payoff_baselines, reference_baseline
 from analysis.training import Target, TrainRun, load_train_runs
-from gtopk.perf.profile import NetworkProfile
-from gtopk.records.profiles import LOCAL_PROFILE
+from gtopk.perf.netprofile import NetworkProfile
+from gtopk.records.compute_profiles import LOCAL_PROFILE
 
 NODES = tuple(2**i for i in range(11))  # 1 .. 1024
 #: this machine's runs: make reproduce-fig6's (1 Gbit/s), make validate-model's (100 Mbit/s and 1 Gbit/s)

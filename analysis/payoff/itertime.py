@@ -29,8 +29,8 @@ from analysis.scaling import rest_of_iteration
 from analysis.training import TrainRun
 from gtopk.paper import single_node_throughput
 from gtopk.perf.model import model_shapes, predict_iter
-from gtopk.perf.profile import NetworkProfile
-from gtopk.records.profiles import LOCAL_PROFILE
+from gtopk.perf.netprofile import NetworkProfile
+from gtopk.records.compute_profiles import LOCAL_PROFILE
 from gtopk.records.rundir import finished
 from gtopk.records.summary import SIMULATED_BACKEND
 
@@ -119,7 +119,7 @@ class P102(ComputeProfile):
 
 
 class LocalProfile(ComputeProfile):
-    """A ``runs/profiles/local.json``-format file (``gtopk.run.localprofile``): the entry of
+    """A ``runs/profiles/local.json``-format file (``gtopk.run.measure_compute``): the entry of
     this model, batch and accumulation (any device) gives images/s."""
 
     def __init__(self, path: Path, arg: str):
@@ -181,7 +181,7 @@ def training_overheads(run: TrainRun) -> tuple[dict, str]:
     one rank's is t_update / P, the equal share the simulation gives each rank of the
     batched backward (t_compute) and the check. (It leaves (P - 1) / P of the group's one
     SGD step out.) Other reducers' group steps time each rank's own work as its t_compr
-    (``gtopk.simulated.reduce``); their t_update is kept."""
+    (``gtopk.reducers.inprocess``); their t_update is kept."""
     over = dict(run.overheads)
     if not over or run.nodes <= 1 or run.backend != SIMULATED_BACKEND:
         return over, "training run"

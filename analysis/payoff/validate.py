@@ -24,7 +24,7 @@ import pandas as pd
 from analysis.payoff.itertime import IterTimes, Net, Reducer, compute_profile, net_of_profile, ran_on
 from analysis.reducers import declared
 from analysis.training import reducer_label
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from gtopk.records.rundir import finished
 
 KEYS = ["bandwidth", "model", "nodes", "reducer"]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from analysis.reproduce.sweep import axis, first_job, keys
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 
 def run(cmd: list[str]) -> None:

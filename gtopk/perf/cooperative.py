@@ -3,7 +3,7 @@ order, each until it waits on something (``_block``) or finishes; a rank another
 is queued again (``_wake``). If every unfinished rank waits on something no rank will do,
 ``run`` raises ``Deadlock`` naming them; a rank's exception fails ``run`` (the other ranks
 unwind). The scheduling alone: what the ranks wait for and what they record is the subclass's
-(``gtopk.perf.recorder.RecordedWorld``), as is ``patched``, the context ``run`` holds while
+(``gtopk.perf.virtualworld.RecordedWorld``), as is ``patched``, the context ``run`` holds while
 the ranks run. Nothing here is collective: ``torch.distributed`` is not touched.
 """
 

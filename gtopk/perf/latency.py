@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk import host
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.reducers.schedules import Payload, recursive_doubling
 from gtopk.reducers.wire import PointToPoint
 
@@ -34,7 +34,7 @@ def settle(t: torch.Tensor) -> None:
 
 
 #: round trips, at least, of a message of at most ``SMALL_BYTES`` (alpha is the median of
-#: theirs, ``gtopk.perf.profile.fit_alpha_beta``): each costs well under a millisecond. With 10,
+#: theirs, ``gtopk.perf.netprofile.fit_alpha_beta``): each costs well under a millisecond. With 10,
 #: calibrations of one emulated 1 Gbit/s network on the quiet 2-core machine gave alpha
 #: 0.08-0.16 ms, and a size's median reached 0.59 ms; with 50 the small sizes agreed
 #: (0.09-0.11 ms; docs/payoff.md)

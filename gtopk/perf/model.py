@@ -1,6 +1,6 @@
 """The calibrated alpha-beta model: t_commu / t_iter predictions.
 
-A *network profile* (``gtopk.perf.profile.NetworkProfile``, JSON) holds alpha (s per message)
+A *network profile* (``gtopk.perf.netprofile.NetworkProfile``, JSON) holds alpha (s per message)
 and beta (s per byte) fitted by ``gtopk.perf.netbench`` on some cluster, the software cost
 per message of the sparse reducers' own rounds it measured there (``software``; 0 in a
 profile from before: ``Network.sparse``) and the ring step at each P it measured
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from hydra.utils import get_class
 
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from gtopk.records.rundir import finished
 from gtopk.reducers.costmodel import Network, ring_time
 

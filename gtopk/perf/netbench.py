@@ -47,11 +47,11 @@ from gtopk.perf.latency import (
     span,
 )
 from gtopk.perf.model import predict_commu
-from gtopk.perf.profile import NetworkProfile, fit_alpha_beta
+from gtopk.perf.netprofile import NetworkProfile, fit_alpha_beta
 from gtopk.reducers.costmodel import Network, rd_time
-from gtopk.run import checks, runner
-from gtopk.run.job import torchrun_world
-from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run import checks, dispatch
+from gtopk.run.dispatch import GroupSpec, run_on_cluster
+from gtopk.run.execute import torchrun_world
 from gtopk.run.settings import is_int
 from gtopk.run.world import join_group
 
@@ -187,7 +187,7 @@ def _run_collectives(rank: int, world: int, cfg: dict):
 
 def _on_cluster(fn, nodes: int, cfg: DictConfig, cfg_dict: dict):
     """Run ``fn`` on ``nodes`` ranks of the configured cluster (or torchrun's world), in
-    ``gtopk.run.runner``'s group of ``nodes`` workers (kept for the next call at the same
+    ``gtopk.run.dispatch``'s group of ``nodes`` workers (kept for the next call at the same
     P; ``main`` closes it). The emulated cluster's ``min_dilation`` keeps the calibration
     pair out of real time on a machine where ``auto`` would give two ranks D = 1."""
     if torchrun_world():
@@ -307,7 +307,7 @@ def main(cfg: DictConfig) -> None:
             write_csv(out / "collectives.csv", rows)
             print(f"collectives: {out / 'collectives.csv'}")
     finally:
-        runner.close()
+        dispatch.close()
         if torchrun_world():
             dist.destroy_process_group()
 

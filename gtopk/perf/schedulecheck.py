@@ -4,7 +4,7 @@ The reducers are discovered, not listed: ``discover()`` reads every ``conf/reduc
 (its ``_target_`` class and settings; ``case(name, **overrides)`` one of them with other
 settings, e.g. gTop-k's ``algorithm=recursive_doubling``). ``record(case, P)`` runs one
 ``reduce`` of that class as every rank of a P-rank group in one process
-(``gtopk.perf.recorder.RecordedWorld``: the reducer's own code over a stand-in for
+(``gtopk.perf.virtualworld.RecordedWorld``: the reducer's own code over a stand-in for
 ``torch.distributed``) and ``check(rec)`` compares what the calls did with the model:
 
 * the critical path, from the calls the reducer made (not from what it reports): the
@@ -41,11 +41,11 @@ import torch
 from omegaconf import OmegaConf
 
 from gtopk.perf import model as perfmodel
-from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
+from gtopk.perf.virtualworld import BYTES, ROUNDS, RecordedWorld
 from gtopk.reducers import GTopKReducer, ReduceRecord
 from gtopk.reducers import costmodel as cm
 from gtopk.reducers.costmodel import Network, Traffic
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 
 M, DENSITY = 1000, 0.004  # k = 4: P = 4096 stays cheap; any m, k would do
 #: a clock on which bytes weigh beside latency (k = 4: a 32-byte message costs 1 + 8)

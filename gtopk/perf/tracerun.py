@@ -11,7 +11,7 @@ or read from ``profile``. Writes ``steps.csv`` (every traced call) and ``trace.c
 reducer, gradient size and P: the median call's breakdown) under ``out`` and prints the table.
 
 ``realtime=true`` (root): the traced calls run under ``SCHED_FIFO``
-(``gtopk.perf.tracebench.scheduling``), so that other jobs on the machine do not land in
+(``gtopk.host.scheduling``), so that other jobs on the machine do not land in
 the trace. Runs on any cluster of ``conf/cluster`` (``cluster=local``: loopback; ``cluster=emulated``:
 shaped namespaces; a time-dilated one records virtual seconds through ``gtopk.host.Clock``,
 calibration included). Every rank must run on this host: the events are compared on its
@@ -31,18 +31,17 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from gtopk.host import Clock
+from gtopk.host import Clock, scheduling
 from gtopk.perf import netbench
 from gtopk.perf.model import check_reducer, predict_commu
-from gtopk.perf.profile import NetworkProfile, fit_alpha_beta
+from gtopk.perf.netprofile import NetworkProfile, fit_alpha_beta
 from gtopk.perf.trace import call_events, collective_trace, critical_path
-from gtopk.perf.tracebench import scheduling
 from gtopk.reducers import validate_density
 from gtopk.reducers.costmodel import Network, topk_time
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 from gtopk.reducers.wire import RoundTrace
-from gtopk.run import checks, runner
-from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run import checks, dispatch
+from gtopk.run.dispatch import GroupSpec, run_on_cluster
 
 COLUMNS = ("total", "span", "skew", "wire", "transport", "software", "merge")
 
@@ -227,7 +226,7 @@ def main(cfg: DictConfig) -> None:
             rows += got
             print(table(summarise(got)).split("\n", 2)[-1], flush=True)
     finally:
-        runner.close()
+        dispatch.close()
     for r in rows:
         r["dilation"] = cfg_dict["cluster"].get("dilation", 1)
     summary = summarise(rows)

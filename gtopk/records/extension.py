@@ -27,11 +27,16 @@ Local and read-only; nothing here is collective.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gtopk.records.identity import differing_keys, fingerprint, setting
 from gtopk.records.rundir import IDENTITY, RunDir, iter_jsonl
+
+#: (old config, new config, epochs, iterations per epoch) -> where their schedules first differ, or None
+ScheduleDiff = Callable[[Any, Any, int, int], "str | None"]
 
 TRAIN_EPOCHS = "train.epochs"
 CUT = "train.max_iters_per_epoch"
@@ -111,12 +116,17 @@ def iterations_per_epoch(run: RunDir) -> int | None:
     return len(seen) or None
 
 
-def consider(run_dir: Path, ident: dict, generation: dict | None) -> Extension | str | None:
+def consider(
+    run_dir: Path, ident: dict, generation: dict | None, schedules_differ: ScheduleDiff
+) -> Extension | str | None:
     """Whether this job (identity ``ident``) trains the finished run in ``run_dir`` longer:
     an ``Extension``; a one-line refusal naming why and the fix (a finished run of the same
     cell that cannot be extended, or that it would shorten); None when the folder holds
     no such run (the ordinary verdict stands). ``generation``: the folder's newest complete
-    checkpoint generation (``gtopk.train.checkpoint.saved_generation``), or None."""
+    checkpoint generation (``gtopk.train.checkpoint.saved_generation``), or None.
+    ``schedules_differ``: the training loop's comparison of two configs' schedules
+    (``gtopk.train.recipe.first_difference``), passed in by the caller so that the records
+    layer does not import the training loop's."""
     run = RunDir(run_dir)
     summary = run.summary_if_readable()
     fp = fingerprint(ident)
@@ -139,9 +149,7 @@ def consider(run_dir: Path, ident: dict, generation: dict | None) -> Extension |
         return (
             f"{head}: its iteration rows ({run.iters(0).name}) are missing, so its schedule cannot be compared; {fix}"
         )
-    from gtopk.train.recipe import first_difference  # the loop's schedules
-
-    where = first_difference(old, ident, was, per_epoch)
+    where = schedules_differ(old, ident, was, per_epoch)
     if where is not None:
         changed = ", ".join(k for k in differing_keys(old, ident) if k != TRAIN_EPOCHS) or "the schedule"
         return f"{head} exactly: {changed} would change {where}, an epoch it trained; {fix}"

@@ -26,7 +26,7 @@
 
 An unreadable ``summary.json`` or ``config.yaml`` (a partial copy, a power cut, a hand edit)
 never stops a reader: ``finished`` and ``summary_if_readable`` pass over it with a one-line
-warning, and the job quarantines it and runs again (``gtopk.run.job``).
+warning, and the job quarantines it and runs again (``gtopk.run.execute``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from gtopk.reducers.base import Reducer, SparseReducer, validate_density
 from gtopk.reducers.dense import DenseReducer
 from gtopk.reducers.gtopk import GTopKReducer
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.reducers.topk import TopKReducer
 
 __all__ = [

@@ -26,7 +26,7 @@ Contract (what a newcomer needs):
 * ``wrap(model)`` gives the module the loop runs forward/backward on (DDP wraps it);
   ``predict_commu`` is the alpha-beta model of one ``reduce``'s communication.
 * ``reduce_group(workers, grads)`` (``simulatable`` reducers): P ranks' ``reduce`` in one
-  process, bit for bit for Top-k and gTop-k (``gtopk.simulated.reduce``).
+  process, bit for bit for Top-k and gTop-k (``gtopk.reducers.inprocess``).
 * ``diagnostics`` (on in ``mode=train``): records also carry update_nnz, residual_norm and
   lost_l1 (``ReduceRecord``), from what the rank holds: no extra communication.
 
@@ -46,7 +46,7 @@ Declarations (class attributes, read without building the reducer or any process
 * ``overlaps_backward``: its communication runs inside backward (DDP's hooks): its
   ``predict_body`` hides what the backward pass still running allows.
 * ``hooked_backward``: set by ``wrap`` when ``overlaps_backward`` (the backward passes that
-  run and time that communication, ``gtopk.train.backward.Backward``); None otherwise.
+  run and time that communication, ``gtopk.reducers.backward.Backward``); None otherwise.
 * ``simulatable``: ``reduce_group`` gives its semantics in one process
   (``cluster=simulated``).
 * ``payoff_baseline``: a method users pick instead of compressing (DDP, DDP-fp16,
@@ -89,11 +89,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 
 if TYPE_CHECKING:
+    from gtopk.reducers.backward import Backward
     from gtopk.reducers.costmodel import Network
-    from gtopk.train.backward import Backward
 
 #: ``Reducer.reference``: (each rank's gradient, its residual before the step or None) ->
 #: (the update every rank applies, each rank's residual after the step)
@@ -286,7 +286,7 @@ class Reducer(ABC):
         """Local. What rank i's ``reduce(grads[i])`` returns in a group of P = len(workers)
         ranks, rank i's state being ``workers[i]``'s (updated as ``reduce`` would).
         ``accumulated``: the gradients were already added into the ranks' error-feedback
-        residuals, held as one matrix (``gtopk.simulated.reduce.residual_matrix``)."""
+        residuals, held as one matrix (``gtopk.reducers.inprocess.residual_matrix``)."""
         raise NotImplementedError(f"{cls.__name__} cannot run its P workers in one process")
 
     def _validate(self, grad: Tensor) -> None:

@@ -9,7 +9,7 @@ from gtopk.host import Clock
 from gtopk.reducers import reference
 from gtopk.reducers.base import Reducer
 from gtopk.reducers.costmodel import VALUE_BYTES, Network, dense_time, dense_traffic
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 
 
 def bucket_numel(bucket_mb: float) -> int:
@@ -77,7 +77,7 @@ class DenseReducer(Reducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``gtopk.simulated.reduce.dense_group``."""
-        from gtopk.simulated.reduce import dense_group  # here: that module imports this package
+        """Local: ``gtopk.reducers.inprocess.dense_group``."""
+        from gtopk.reducers.inprocess import dense_group  # here: that module imports this package
 
         return dense_group(workers, grads, accumulated)

@@ -12,8 +12,7 @@ from gtopk.host import Clock
 from gtopk.reducers import reference
 from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
-from gtopk.reducers.record import ReduceRecord
-from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.reducers.schedules import (
     Payload,
     recursive_doubling,
@@ -23,8 +22,9 @@ from gtopk.reducers.schedules import (
     tree_reduce,
     tree_reduce_first,
 )
-from gtopk.reducers.selection import k_for
-from gtopk.reducers.selector import Selector
+from gtopk.reducers.selection import Selector
+from gtopk.reducers.selection.exact import k_for
+from gtopk.reducers.selection.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.sparse import member_mask, merge
 from gtopk.reducers.wire import PointToPoint, RoundTrace, SparseCodec
 
@@ -48,7 +48,7 @@ class GTopKReducer(SparseReducer):
         full acc[F] is summed by recursive doubling and applied; each rank keeps acc
         outside F. No gradient is lost.
     selection: ``exact`` (the k largest) or ``sampled`` (DGC's sampled threshold, at most
-      k selected, the message padded to k: ``gtopk.reducers.selector``).
+      k selected, the message padded to k: ``gtopk.reducers.selection``).
     Every message carries 8 bytes per entry (int32 index + float32 value).
     """
 
@@ -80,7 +80,7 @@ class GTopKReducer(SparseReducer):
         sample_ratio: float = SAMPLE_RATIO,
         max_refine: int = MAX_REFINE,
     ):
-        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selector
+        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selection
         if algorithm not in ALGORITHMS:
             raise ValueError(f"reducer.algorithm={algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
         if putback not in PUTBACKS:
@@ -200,7 +200,7 @@ class GTopKReducer(SparseReducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``gtopk.simulated.reduce.gtopk_group``."""
-        from gtopk.simulated.reduce import gtopk_group  # here: that module imports this package
+        """Local: ``gtopk.reducers.inprocess.gtopk_group``."""
+        from gtopk.reducers.inprocess import gtopk_group  # here: that module imports this package
 
         return gtopk_group(workers, grads, accumulated)

@@ -1,8 +1,8 @@
 """Sparse-vector operations of the reducers: the gTop-k merge, keep-top-k, membership.
 
 A sparse vector is (indices, values) with unique indices in ascending order (what
-``gtopk.reducers.selection.topk_indices`` and ``merge`` return). All functions are local (no
-collective calls). Tie rule as in ``gtopk.reducers.selection``: among equal |value| the smaller
+``gtopk.reducers.selection.exact.topk_indices`` and ``merge`` return). All functions are local (no
+collective calls). Tie rule as in ``gtopk.reducers.selection.exact``: among equal |value| the smaller
 index wins.
 
 CPU tensors go through NumPy on the same memory (no copies in, none out): for vectors of

@@ -10,10 +10,10 @@ from gtopk.host import Clock
 from gtopk.reducers import reference
 from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network, topk_time, topk_traffic
-from gtopk.reducers.record import ReduceRecord
-from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
-from gtopk.reducers.selection import k_for
-from gtopk.reducers.selector import Selector
+from gtopk.reducers.outcome import ReduceRecord
+from gtopk.reducers.selection import Selector
+from gtopk.reducers.selection.exact import k_for
+from gtopk.reducers.selection.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.sparse import keep_topk, member_mask
 from gtopk.reducers.wire import SparseCodec
 
@@ -30,7 +30,7 @@ class TopKReducer(SparseReducer):
     (recursive-doubling all-gather, see gtopk.reducers.costmodel).
 
     ``selection``: ``exact`` (the k largest) or ``sampled`` (DGC's sampled threshold, at
-    most k selected, the message padded to k: ``gtopk.reducers.selector``).
+    most k selected, the message padded to k: ``gtopk.reducers.selection``).
     """
 
     display_name = "Top-k"
@@ -52,7 +52,7 @@ class TopKReducer(SparseReducer):
         sample_ratio: float = SAMPLE_RATIO,
         max_refine: int = MAX_REFINE,
     ):
-        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selector
+        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selection
         super().__init__(density, group, align_timing)
         self.reselect = bool(reselect)
         self.selection = selection
@@ -109,7 +109,7 @@ class TopKReducer(SparseReducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``gtopk.simulated.reduce.topk_group``."""
-        from gtopk.simulated.reduce import topk_group  # here: that module imports this package
+        """Local: ``gtopk.reducers.inprocess.topk_group``."""
+        from gtopk.reducers.inprocess import topk_group  # here: that module imports this package
 
         return topk_group(workers, grads, accumulated)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers.costmodel import index_bytes
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 
 
 class SparseCodec:

@@ -40,7 +40,7 @@ METHODS = ("forkserver", "spawn")
 PRELOAD = (
     "torch",
     "torch._dynamo",
-    "gtopk.run.group",
+    "gtopk.run.pool",
     "gtopk.train.loop",
     "gtopk.simulated.ranks",
     "gtopk.run.preloaded",  # last: freezes what the others imported (gc.freeze)

@@ -41,7 +41,7 @@ from hydra.types import RunMode
 
 from gtopk.records.rundir import ATTEMPTS, FAILED, LOCK, read_jsonl, write_json_atomic
 from gtopk.records.summary import git_commit
-from gtopk.run import runner
+from gtopk.run import dispatch
 
 log = logging.getLogger(__name__.split(".")[0])  # the package's logger (gtopk)
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -50,7 +50,7 @@ EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
 class JobBusy(RuntimeError):
     """Another live process is running this job (same run directory). Bad input, one line:
-    ``gtopk.run.job`` exits 2 (a sweep goes on) and writes nothing into the run directory."""
+    ``gtopk.run.execute`` exits 2 (a sweep goes on) and writes nothing into the run directory."""
 
 
 class LockUnavailable(JobBusy):
@@ -117,7 +117,7 @@ def torchrun_lock(run_dir: Path, rank: int | None = None) -> Iterator[JobBusy | 
 def agree_on_lock(refusal: JobBusy | None) -> None:
     """Collective over the default process group (every rank, right after joining it):
     rank 0's ``refusal`` from ``torchrun_lock`` goes to every rank, and every rank raises
-    it (one line, exit 2 through ``gtopk.run.job``); returns when rank 0 holds the lock."""
+    it (one line, exit 2 through ``gtopk.run.execute``); returns when rank 0 holds the lock."""
     verdict = [refusal]
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
@@ -200,7 +200,7 @@ def ran_elsewhere(count: int, failures: list[Failure]) -> None:
 
 class FailedJobs(Callback):
     """Hydra callback: at the end of a sweep, close the sweep's worker group
-    (``gtopk.run.runner``), list the jobs that did not finish and exit 1."""
+    (``gtopk.run.dispatch``), list the jobs that did not finish and exit 1."""
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global _jobs
@@ -208,7 +208,7 @@ class FailedJobs(Callback):
         _jobs = 0
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        runner.close()
+        dispatch.close()
         if not _failed:
             return
         lines = [

@@ -231,7 +231,7 @@ def check_name(value: Any) -> None:
 
 
 def check_rerun(value: Any) -> bool:
-    """``rerun`` is a boolean (``gtopk.run.job.decide`` reads it before anything else)."""
+    """``rerun`` is a boolean (``gtopk.run.execute.decide`` reads it before anything else)."""
     if not isinstance(value, bool):
         raise ConfigError(f"rerun={shown(value)} must be true or false (true: move a result of other settings aside)")
     return value

@@ -2,7 +2,7 @@
 
 ``spawn(fn, nprocs, args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` new
 processes joined in one process group (gloo on loopback by default), and returns the
-ranks' return values in rank order: a ``gtopk.run.group.WorkerGroup`` for one task (a
+ranks' return values in rank order: a ``gtopk.run.pool.WorkerGroup`` for one task (a
 group runs many). The launcher's primitives (``WorkerError``, ``listen``, ``join_group``,
 the default intra-op thread count) live in ``gtopk.run.world`` and are re-exported here. Nothing is left
 behind, whatever happens:
@@ -35,7 +35,7 @@ from typing import Any
 
 from gtopk.host import heartbeat as heartbeat  # re-exported: what workers call
 from gtopk.run.cluster.base import Placement
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from gtopk.run.world import PortInUse as PortInUse  # re-exported with the rest of the launcher's API
 from gtopk.run.world import WorkerError as WorkerError
 from gtopk.run.world import join_group as join_group

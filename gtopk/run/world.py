@@ -2,7 +2,7 @@
 process group (``join_group``, collective), the loopback device a world on this machine
 alone binds its sockets to (``loopback_env``), the intra-op thread count per worker, and the
 error a failed group raises (``WorkerError``). The lowest layer of ``gtopk.run``: the worker
-group (``gtopk.run.group``), ``spawn``, jobs and netbench build on it.
+group (``gtopk.run.pool``), ``spawn``, jobs and netbench build on it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:: |$)")  # "pkg.mo
 _TIMEOUT = re.compile(r"(?i)timed out|timeout")
 
 
-#: what a hung rank's report puts before its Python stack (``gtopk.run.group``)
+#: what a hung rank's report puts before its Python stack (``gtopk.run.pool``)
 STACK_HEADER = "\nits Python stack then:\n"
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 
 Layout = list[list[int]]  # per bucket, the indices (into the trainable parameters) of its tensors
 

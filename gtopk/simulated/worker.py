@@ -16,7 +16,7 @@ What differs between real ranks is kept per ``VirtualRank``:
   update rank i's, evaluation uses each rank's own on its own test shard, as
   ``Worker.evaluate`` does before its all_reduce);
 * its reducer: error-feedback residual and records (``Reducer.reduce_group``:
-  ``gtopk.simulated.reduce``); the hook baselines' torch hook state, in an in-process
+  ``gtopk.reducers.inprocess``); the hook baselines' torch hook state, in an in-process
   group (``gtopk.simulated.hooks``);
 * its records: ``iters.rank<i>.jsonl`` (``RankRows``) and checkpoint file, in the
   distributed format.
@@ -43,10 +43,10 @@ from omegaconf import DictConfig
 
 from gtopk.host import heartbeat
 from gtopk.records.rundir import RunDir
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.backward import Backward
+from gtopk.reducers.inprocess import residual_matrix
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.simulated.batched import BatchedGradients, use_batched
-from gtopk.simulated.reduce import residual_matrix
-from gtopk.train.backward import Backward
 from gtopk.train.checkpoint import Store
 from gtopk.train.data import build_loader
 from gtopk.train.faults import ON_GRADIENT, FaultInjector, FaultSpec, NonFiniteGuard, has_nonfinite

@@ -17,7 +17,7 @@ overlaps as it would. ``t_compute`` comes from a *compute profile*:
 * ``p102``: the paper's single-node throughput (``gtopk.paper``) with this job's images
   per step: t_compute = batch * accumulation / (images/s of one P102-100);
 * ``local``: measured by the harness at P = 1 on this machine (a short ``compute=measured``
-  benchmark, run once per model, batch and device by ``gtopk.run.localprofile`` before
+  benchmark, run once per model, batch and device by ``gtopk.run.measure_compute`` before
   the job starts: ``MissingLocalProfile`` asks for it; cached in ``runs/profiles/local.json``);
 * a path to a JSON file in the format of ``local.json``.
 
@@ -36,14 +36,14 @@ import torch.nn.functional as F
 
 from gtopk import host
 from gtopk.paper import single_node_throughput
-from gtopk.records import profiles
-from gtopk.records.profiles import ProfileError, profile_key, read_profile
+from gtopk.records import compute_profiles
+from gtopk.records.compute_profiles import ProfileError, profile_key, read_profile
 from gtopk.train.replay_backward import replay_backward
 
 
 class MissingLocalProfile(ProfileError):
     """The local profile has no entry for this job yet: the launcher measures it
-    (``gtopk.run.localprofile``) and resolves again."""
+    (``gtopk.run.measure_compute``) and resolves again."""
 
     def __init__(self, message: str, key: str):
         super().__init__(message)
@@ -88,7 +88,7 @@ class MeasuredCompute(Compute):
         loss_sum = 0.0
         for x, y in batches:
             loss = F.cross_entropy(worker.net(x), y) / len(batches)
-            worker.backward.run(loss)  # DDP: also times its all-reduces (gtopk.train.backward)
+            worker.backward.run(loss)  # DDP: also times its all-reduces (gtopk.reducers.backward)
             loss_sum += loss.item()
         return t_data, loss_sum
 
@@ -211,7 +211,7 @@ STRIDE = 648_055
 
 #: the last replay banks made in this process, by their arguments (one of a rank's and one
 #: shared): the jobs of one model in a sweep run one after another in the same worker
-#: processes (gtopk.run.runner) and read them
+#: processes (gtopk.run.dispatch) and read them
 _LAST_GRADIENT: dict[str, tuple[tuple, torch.Tensor]] = {}
 
 
@@ -263,7 +263,7 @@ def profile_t_compute(profile: str, cfg: Any) -> float:
                 f"(it has {', '.join(sorted(table))}); use compute.profile=local"
             )
         return images / table[model]
-    path = profiles.LOCAL_PROFILE if profile == "local" else Path(profile)
+    path = compute_profiles.LOCAL_PROFILE if profile == "local" else Path(profile)
     key = profile_key(cfg)
     table = read_profile(path)
     entry = table.get(key)

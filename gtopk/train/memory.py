@@ -1,6 +1,6 @@
 """Memory of this process (Linux): its peak resident set per job, and what it costs at the end.
 
-A worker process runs the jobs of one P one after another (``gtopk.run.group``), so its
+A worker process runs the jobs of one P one after another (``gtopk.run.pool``), so its
 lifetime high-water mark (``VmHWM``, ``ru_maxrss``) would mix jobs: ``reset_peak_rss``
 (at the start of a job) restarts it by writing ``5`` to ``/proc/self/clear_refs``, and
 ``peak_rss_mb`` reads it (every step's row: ``rss_peak_mb``). Where the reset is not

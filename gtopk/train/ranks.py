@@ -57,7 +57,7 @@ class Ranks(ABC):
     @property
     def extends(self) -> str | None:
         """The fingerprint of the finished run this job trains longer (``cfg.extends``, set
-        by ``gtopk.run.job``: ``gtopk.records.extension``), whose checkpoint it resumes from;
+        by ``gtopk.run.execute``: ``gtopk.records.extension``), whose checkpoint it resumes from;
         None for any other job."""
         node = self.cfg.get("extends")
         return None if node is None else node.get("fingerprint")

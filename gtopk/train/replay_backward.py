@@ -19,7 +19,7 @@ The wrapper's hooks see each gradient when its layer's share has passed and star
 bucketed all-reduce while the later shares are still being slept: the overlap DDP gets
 from a real backward. The last gradient is ready ``t_compute`` after the start; what the
 pass takes beyond that is the communication it could not hide (timed by the worker's
-``gtopk.train.backward.Backward``, which the training loop reports as t_commu). Times are
+``gtopk.reducers.backward.Backward``, which the training loop reports as t_commu). Times are
 the worker's virtual ones (``gtopk.host.now``/``sleep``): under time dilation D the pass
 lasts D times as long on the wall.
 """
@@ -76,7 +76,7 @@ def replay_backward(
     it is a sequence: ``gtopk.train.compute.ReplayedCompute.replayed``), and whatever the
     wrapper's hooks do to it, e.g. DDP's average over ranks. Takes about ``t_compute``
     seconds, plus whatever communication the wrapper does not hide. ``backward(loss)`` runs
-    the backward pass (the worker's ``gtopk.train.backward.Backward.run``, which times
+    the backward pass (the worker's ``gtopk.reducers.backward.Backward.run``, which times
     DDP's all-reduces)."""
     start = host.now()
     banks = [bank] if isinstance(bank, torch.Tensor) else list(bank)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gtopk.host import dilation, heartbeat
 from gtopk.records.rundir import JsonLines, RunDir, read_jsonl
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.train.memory import peak_rss_mb
 
 

@@ -23,8 +23,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from gtopk.host import Clock, heartbeat, one_thread
-from gtopk.reducers.record import ReduceRecord
-from gtopk.train.backward import Backward
+from gtopk.reducers.backward import Backward
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.train.data import build_loader
 from gtopk.train.faults import FaultInjector, FaultSpec, NonFiniteGuard
 from gtopk.train.flatgrad import flat_grads, views_intact

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import torch
 
-from gtopk.reducers.sampled import sampled_indices
-from gtopk.reducers.selection import topk_indices
+from gtopk.reducers.selection.exact import topk_indices
+from gtopk.reducers.selection.sampled import sampled_indices
 from gtopk.reducers.sparse import merge
 
 # Parameter counts of the paper's models: ResNet-20, VGG-16 (CIFAR), ResNet-50, AlexNet.

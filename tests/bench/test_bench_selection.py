@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from gtopk.reducers.sampled import sampled_indices
-from gtopk.reducers.selection import topk_indices, topk_rows
+from gtopk.reducers.selection.exact import topk_indices, topk_rows
+from gtopk.reducers.selection.sampled import sampled_indices
 from gtopk.reducers.sparse import merge
 from tests.bench.results import SELECTION, median_of
 from tests.bench.selection_bench import DENSITY, SIZES, make_input, make_sparse_pair

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 from tests.conformance import kit
 
 pytestmark = pytest.mark.conformance

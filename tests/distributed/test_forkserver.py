@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gtopk.run import forkserver
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from tests.procs import ROOT, wait_session_empty
 
 pytestmark = pytest.mark.skipif(
@@ -72,7 +72,7 @@ LAUNCHER = """
 import multiprocessing.forkserver, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from tests.workers import sleep_forever
 if __name__ == "__main__":
     with WorkerGroup(2, timeout=600, start_method="forkserver") as group:

@@ -1,5 +1,5 @@
 """Ok-Topk on real worker processes (gloo, loopback) at P = 2, 3, 4, 8: every rank applies the
-same update, equal to the specification's (``gtopk.reducers.oktopk_reference``) bit for bit
+same update, equal to the specification's (``gtopk.reducers.oktopk.reference``) bit for bit
 with the residuals, over exact steps, steps with re-used thresholds and new regions;
 nothing is lost; the simulated cluster's ``reduce_group`` gives the same updates, residuals
 and records; and each record's traffic is what the rank passed to the collectives (bytes
@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from gtopk.reducers.costmodel import Traffic, dense_traffic
 from gtopk.reducers.oktopk import OkTopKReducer
-from gtopk.reducers.oktopk_cost import entry_bytes
-from gtopk.reducers.oktopk_reference import OkTopKSpec
-from gtopk.reducers.oktopk_regions import SENTINEL
+from gtopk.reducers.oktopk.cost import entry_bytes
+from gtopk.reducers.oktopk.reference import OkTopKSpec
+from gtopk.reducers.oktopk.regions import SENTINEL
 from gtopk.run.spawn import spawn
 
 RECORD = ("selected", "bytes_sent", "bytes_recv", "messages_sent", "payload_bytes")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gtopk.reducers import GTopKReducer, TopKReducer
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 from gtopk.run.spawn import spawn
 
 M, DENSITY, ITERS = 100_000, 0.01, 4  # the sample's threshold rank is 11: often fewer than k pass

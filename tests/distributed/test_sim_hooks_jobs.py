@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from gtopk.records.rundir import RunDir, read_jsonl
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from gtopk.run.spawn import spawn
 from gtopk.run.world import WorkerError
 from gtopk.simulated.ranks import run_simulated

@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from gtopk.records.rundir import RunDir, read_jsonl
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from gtopk.simulated.ranks import run_simulated
 from gtopk.train.loop import run_worker
 from tests.config import compose_config

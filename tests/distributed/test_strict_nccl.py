@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from tests.config import compose_config, options
 from tests.strict_workers import as_nccl
 

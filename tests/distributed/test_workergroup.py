@@ -1,5 +1,5 @@
-"""gtopk.run.group.WorkerGroup (P processes started once, running tasks one after another)
-and gtopk.run.runner (at most one live group, reused for the same spec)."""
+"""gtopk.run.pool.WorkerGroup (P processes started once, running tasks one after another)
+and gtopk.run.dispatch (at most one live group, reused for the same spec)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gtopk.run import runner
-from gtopk.run.group import WorkerGroup
-from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run import dispatch
+from gtopk.run.dispatch import GroupSpec, run_on_cluster
+from gtopk.run.pool import WorkerGroup
 from gtopk.run.spawn import WorkerError
 from tests.workers import fail_on_rank1, pid_and_threads, sleep_forever
 
@@ -86,7 +86,7 @@ def test_runner_reuses_the_live_group_only_for_the_same_spec():
         assert not any(alive(r["pid"]) for r in a + c)  # the first replaced, the second not kept
         assert not multiprocessing.active_children()
     finally:
-        runner.close()
+        dispatch.close()
 
 
 def test_runner_closes_its_group_after_a_failure():
@@ -99,7 +99,7 @@ def test_runner_closes_its_group_after_a_failure():
         after = run_on_cluster(spec, pid_and_threads, (), timeout=120, keep=True)
         assert not {r["pid"] for r in after} & {r["pid"] for r in before}
     finally:
-        runner.close()
+        dispatch.close()
     assert not multiprocessing.active_children()
 
 

@@ -13,8 +13,8 @@ import pytest
 from gtopk.reducers import GTopKReducer, TopKReducer, validate_density
 from gtopk.run.overrides import unknown_choice
 from gtopk.run.spawn import PortInUse, WorkerError, listen, spawn
-from gtopk.train.datagen import write_cifar10
 from tests.config import CONF, options
+from tests.datagen import write_cifar10
 from tests.procs import FAST, ROOT, one_line_error, run
 from tests.workers import bad_gradient, fail_on_rank1
 
@@ -211,9 +211,9 @@ def test_bad_setting_is_one_line_before_any_worker(tmp_path, args, fragments):
     ],
 )
 def test_bad_setting_is_one_line_from_the_job_checks(compose, args, fragments):
-    """The checks run.py runs before any process (``gtopk.run.job.validate``), in this
+    """The checks run.py runs before any process (``gtopk.run.execute.validate``), in this
     process: the same one-line message the CLI prints after ``error: ``."""
-    from gtopk.run.job import BAD_INPUT, validate
+    from gtopk.run.execute import BAD_INPUT, validate
 
     with pytest.raises(BAD_INPUT) as info:
         validate(compose([*FAST, *args]))

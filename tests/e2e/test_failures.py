@@ -20,7 +20,7 @@ import torch
 from gtopk.records.rundir import JsonLines, read_jsonl
 from gtopk.run.jobs import job_lock
 from gtopk.run.spawn import WorkerError, listen, spawn
-from gtopk.train.datagen import write_cifar10
+from tests.datagen import write_cifar10
 from tests.procs import (
     FAST,
     ROOT,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gtopk.records.rundir import read_jsonl
-from gtopk.train.datagen import write_cifar10
+from tests.datagen import write_cifar10
 from tests.procs import ROOT, cifar_train, finish, run, start
 
 

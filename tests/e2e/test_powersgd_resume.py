@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gtopk.records.rundir import read_jsonl
-from gtopk.train.datagen import write_cifar10
+from tests.datagen import write_cifar10
 from tests.procs import cifar_train, finish, run, start
 
 

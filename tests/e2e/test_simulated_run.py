@@ -19,7 +19,7 @@ TRAIN = simulated_train()
 @pytest.mark.parametrize(
     "args,says",
     [
-        # in make test through gtopk.run.job.validate (test_bad_input); here the CLI path too
+        # in make test through gtopk.run.execute.validate (test_bad_input); here the CLI path too
         pytest.param(["cluster=simulated", "nodes=4"], "mode=benchmark with cluster=simulated", marks=pytest.mark.slow),
         pytest.param(
             ["cluster=simulated", "nodes=2", "mode=train", "reducer=ddp", "data=digits"],

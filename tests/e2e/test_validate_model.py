@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from gtopk.run.cluster.netns import unavailable_reason
 from tests.e2e.test_reproduce import make
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from tests.config import compose_config, options
 from tests.gpu.workers import network, timed_job
 from tests.procs import run

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gtopk.reducers.selector import Selector, select
+from gtopk.reducers.selection import Selector, select
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from gtopk.perf import model as perfmodel
-from gtopk.perf.profile import NetworkProfile, fit_alpha_beta
-from gtopk.records import profiles
+from gtopk.perf.netprofile import NetworkProfile, fit_alpha_beta
+from gtopk.records import compute_profiles
 from gtopk.reducers.costmodel import Network
 from gtopk.run.cluster import ClusterError, EmulatedCluster, netns
 from gtopk.run.cluster.emulated import rate_bits_per_s
@@ -259,22 +259,22 @@ def test_run_py_on_the_emulated_cluster_with_replayed_compute(tmp_path):
 
 def test_local_profile_is_measured_once_at_p1_and_cached(tmp_path, monkeypatch, compose):
     """Workers never measure (MissingLocalProfile); the job, before its workers start,
-    measures at P = 1 through the runner (gtopk.run.localprofile) and then reads the cache."""
+    measures at P = 1 through the runner (gtopk.run.measure_compute) and then reads the cache."""
     import json
 
-    from gtopk.run import job
+    from gtopk.run import execute
 
-    monkeypatch.setattr(profiles, "LOCAL_PROFILE", tmp_path / "profiles" / "local.json")
+    monkeypatch.setattr(compute_profiles, "LOCAL_PROFILE", tmp_path / "profiles" / "local.json")
     overrides = ["compute=replay", "compute.profile=local", "batch_size=4", "logger.wandb=false", "nodes=4"]
     cfg = compose(overrides)
     with pytest.raises(compute.MissingLocalProfile):
         compute.profile_t_compute("local", cfg)
-    job.resolve_compute(cfg)
+    execute.resolve_compute(cfg)
     t = cfg.compute.t_compute
     entry = json.loads((tmp_path / "profiles" / "local.json").read_text())["resnet20/b4x1/" + cfg.device]
     assert t == pytest.approx(4 / entry["images_per_s"]) and entry["t_compute"] == pytest.approx(t)
     assert json.loads((Path(entry["run_dir"]) / "summary.json").read_text())["nodes"] == 1
-    monkeypatch.setattr(job, "measure_local", lambda cfg: pytest.fail("measured twice"))
+    monkeypatch.setattr(execute, "measure_local", lambda cfg: pytest.fail("measured twice"))
     again = compose(overrides)
-    job.resolve_compute(again)
+    execute.resolve_compute(again)
     assert again.compute.t_compute == t

@@ -16,7 +16,7 @@ import pytest
 
 from gtopk import host
 from gtopk.run.cluster import EmulatedCluster, cpucap, netns
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from gtopk.run.spawn import spawn
 from tests.netns import dilation_workers
 

@@ -1,4 +1,4 @@
-"""The checks that the dilated emulated cluster is faithful (``gtopk.run.cluster.fidelity``,
+"""The checks that the dilated emulated cluster is faithful (``tests.bench.fidelity``,
 docs/cluster.md), measured: Fig. 6's jobs (1 Gbit/s, the paper's compute replayed) for
 VGG-16 and ResNet-20 with gTop-k and dense, at P = 1, 2 and 8, every one dilated by D = 8,
 and at P = 2 also plain. Five to eight minutes on two cores. Medians over every rank's
@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import pytest
 
-from gtopk.run.cluster import cpucap, fidelity, netns
+from gtopk.run.cluster import cpucap, netns
+from tests.bench import fidelity
 
 REASON = netns.unavailable_reason() or cpucap.unavailable_reason(netns.PREFIX)
 pytestmark = [

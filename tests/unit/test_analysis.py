@@ -16,7 +16,7 @@ import yaml
 from analysis import scaling
 from analysis.figures import breakdown, commmodel, fig5, fig6, table4
 from analysis.load import _merge, load_epochs, load_jobs, wandb_rows
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from gtopk.train.replay_backward import ready_times
 
 REDUCERS = {

@@ -1,4 +1,4 @@
-"""``gtopk.perf.authors_compare`` without MPI: the inputs both sides build, how results are
+"""``tests.bench.authors_compare`` without MPI: the inputs both sides build, how results are
 compared, and the table from hand-made run JSONs.
 
 SKIPPED unless set up by hand: ``test_both_sides_end_to_end`` needs a checkout of the authors'
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from gtopk.perf import authors_compare as ac
-from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.selection.exact import k_for, topk_indices
+from tests.bench import authors_compare as ac
 
 
 def test_each_rank_input_is_deterministic_and_differs_between_ranks():
@@ -107,7 +107,7 @@ def test_the_compressor_is_loaded_from_the_checkout_without_touching_sys_path(tm
 )
 def test_both_sides_end_to_end(tmp_path):
     """Both sides on a small gradient at P = 2: identical results, bit for bit."""
-    cmd = [sys.executable, "-m", "gtopk.perf.authors_compare", "--authors", os.environ["GTOPK_AUTHORS_CHECKOUT"]]
+    cmd = [sys.executable, "-m", "tests.bench.authors_compare", "--authors", os.environ["GTOPK_AUTHORS_CHECKOUT"]]
     cmd += ["--mpi-python", os.environ["GTOPK_MPI_PYTHON"], "--m", "70000", "--P", "2", "--calls", "1"]
     cmd += ["--warmup", "0", "--rounds", "1", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, timeout=600)

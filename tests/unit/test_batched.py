@@ -304,7 +304,7 @@ def test_auto_batches_small_per_rank_batches_of_models_without_dropout():
     ],
 )
 def test_bad_batching_settings_are_one_line_before_any_process(compose, args, fragments):
-    from gtopk.run.job import BAD_INPUT, validate
+    from gtopk.run.execute import BAD_INPUT, validate
 
     with pytest.raises(BAD_INPUT) as info:
         validate(compose([*FAST, "cluster=simulated", "mode=train", "data=digits", "nodes=2", *args]))

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from analysis.figures import breakdown
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 DDP = {"_target_": "baselines.ddp.DDPReducer", "bucket_mb": 25.0}
 M, BATCH = 1_000_000, 100  # one 4 MB bucket

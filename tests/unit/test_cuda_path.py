@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 
 from gtopk.host import Clock, GPUShortage
 from gtopk.perf import netbench
-from gtopk.records import profiles
+from gtopk.records import compute_profiles
 from gtopk.reducers import GTopKReducer, TopKReducer
-from gtopk.run import job, localprofile
+from gtopk.run import execute, measure_compute
 from gtopk.run.checks import ConfigError
 from gtopk.run.cluster import emulated
 from gtopk.run.world import WorkerError, join_group
@@ -42,11 +42,11 @@ def test_auto_puts_on_the_gpu_only_jobs_that_compute_there(compose):
     stay on the CPU unless asked."""
     with FakeGPUs(1):
         replay = compose(["compute=replay", "nodes=4"])
-        job.validate(replay)
-        assert job.placement(replay) == ("cpu", "gloo")
-        assert job.placement(compose(["nodes=1", *FAST])) == ("cuda", "nccl")
+        execute.validate(replay)
+        assert execute.placement(replay) == ("cpu", "gloo")
+        assert execute.placement(compose(["nodes=1", *FAST])) == ("cuda", "nccl")
         with pytest.raises(ConfigError, match="nodes=2 on device=cuda needs one GPU per worker"):
-            job.validate(compose(["nodes=2", *FAST]))
+            execute.validate(compose(["nodes=2", *FAST]))
 
 
 def test_netbench_refuses_more_nccl_ranks_than_gpus(monkeypatch):
@@ -77,14 +77,14 @@ def test_device_and_backend_pairs_are_checked_before_any_process(
         monkeypatch.setenv("WORLD_SIZE", "1")
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     with FakeGPUs(gpus), pytest.raises(ConfigError, match=message):
-        job.validate(compose(["nodes=1", *FAST, *settings]))
+        execute.validate(compose(["nodes=1", *FAST, *settings]))
 
 
 def test_torchrun_with_more_ranks_on_a_machine_than_gpus_is_refused(compose, monkeypatch):
     for key, value in {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "LOCAL_WORLD_SIZE": "4"}.items():
         monkeypatch.setenv(key, value)
     with FakeGPUs(2), pytest.raises(ConfigError, match="torchrun started 4 ranks on this machine but it has 2 GPU"):
-        job.validate(compose(["nodes=4", *FAST, "device=cuda"]))
+        execute.validate(compose(["nodes=4", *FAST, "device=cuda"]))
 
 
 def test_a_rank_without_a_gpu_of_its_own_is_refused(monkeypatch):
@@ -206,9 +206,9 @@ def test_the_local_profile_measures_on_the_jobs_backend(compose, monkeypatch, tm
         specs.append(spec)
         raise Stop()
 
-    monkeypatch.setattr(localprofile, "run_on_cluster", run_on_cluster)
-    monkeypatch.setattr(profiles, "LOCAL_PROFILE", tmp_path / "local.json")
+    monkeypatch.setattr(measure_compute, "run_on_cluster", run_on_cluster)
+    monkeypatch.setattr(compute_profiles, "LOCAL_PROFILE", tmp_path / "local.json")
     cfg = compose(["nodes=1", *FAST, "device=cuda"])
     with FakeGPUs(1), pytest.raises(Stop):
-        localprofile.measure_local(cfg)
+        measure_compute.measure_local(cfg)
     assert (specs[0].device, specs[0].backend) == ("cuda", "nccl")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gtopk.train.data import Cifar10, DataError, ImageNet
-from gtopk.train.datagen import write_cifar10, write_imagefolder
+from tests.datagen import write_cifar10, write_imagefolder
 
 
 def test_cifar10_and_imagefolder_load_from_real_formats(tmp_path):

@@ -1,5 +1,5 @@
 """Training a finished run longer in its own folder (``gtopk.records.extension``): when a job
-extends the run (``gtopk.run.job.decide``), when it is refused in one line naming why and
+extends the run (``gtopk.run.execute.decide``), when it is refused in one line naming why and
 ``rerun=true``, the folder name that an epochs override keeps, and the archive's rule (a run
 trained longer replaces its shorter copy, never the reverse). Run folders are written here
 as a finished job leaves them; the training itself: ``tests/distributed/test_extend_distributed.py``."""
@@ -16,8 +16,9 @@ from gtopk.records.archive import save
 from gtopk.records.extension import Extension, consider
 from gtopk.records.identity import fingerprint, identity, write_identity
 from gtopk.records.rundir import RunDir
-from gtopk.run.job import OtherSettings, decide
+from gtopk.run.execute import OtherSettings, decide
 from gtopk.train.checkpoint import Store, saved_generation
+from gtopk.train.recipe import first_difference
 
 P, PER_EPOCH = 2, 4  # ranks; iterations per epoch of the finished runs written here
 BASE = ["mode=train", f"nodes={P}", "data=digits", "data.image_size=8", "data.train_size=64", "batch_size=8"]
@@ -49,7 +50,9 @@ def finished(run_dir, compose, epochs: int, *extra: str, checkpoints: tuple[int,
 
 def judge(run_dir, compose, epochs: int, *extra: str):
     """``consider``'s answer for a job of ``epochs`` epochs (and ``extra``) in ``run_dir``."""
-    return consider(run_dir, identity(_cfg(compose, epochs, *extra)), saved_generation(run_dir, verify=False))
+    return consider(
+        run_dir, identity(_cfg(compose, epochs, *extra)), saved_generation(run_dir, verify=False), first_difference
+    )
 
 
 def test_a_longer_job_extends_the_finished_run_from_its_last_checkpoint(tmp_path, compose):

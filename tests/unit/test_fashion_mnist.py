@@ -1,4 +1,4 @@
-"""``data=fashion_mnist`` on small IDX files the tests write (gtopk/train/datagen.py): read
+"""``data=fashion_mnist`` on small IDX files the tests write (tests/datagen.py): read
 back exactly (gzipped or not), resized and normalised as documented, augmented by
 translation and flip from the torch RNG, and a missing or broken file is one line naming
 the Debian package and ``data.root=``. (The installed package itself: tests/e2e.)"""
@@ -12,7 +12,7 @@ import torch
 from gtopk.train.data import DataError, FashionMNIST
 from gtopk.train.data.fashion_mnist import load
 from gtopk.train.data.tensors import resize
-from gtopk.train.datagen import write_fashion_mnist
+from tests.datagen import write_fashion_mnist
 from tests.sgd import train_losses
 
 

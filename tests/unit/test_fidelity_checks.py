@@ -1,4 +1,4 @@
-"""The arithmetic of the testbed's fidelity checks (``gtopk.run.cluster.fidelity``) on
+"""The arithmetic of the testbed's fidelity checks (``tests.bench.fidelity``) on
 summaries made up here, with the expected ratios worked out by hand. The checks themselves,
 measured, are benchmarks (``tests/netns/test_fidelity.py``): timing targets do not belong in
 pass/fail tests on a machine that may be busy."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gtopk.run.cluster import fidelity
+from tests.bench import fidelity
 
 pytestmark = pytest.mark.unit
 

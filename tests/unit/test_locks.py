@@ -40,7 +40,7 @@ def test_a_filesystem_without_flock_is_one_line_of_bad_input(tmp_path, monkeypat
     text = str(info.value)
     assert "\n" not in text and str(run_dir) in text and os.strerror(code) in text
     assert "hydra.sweep.dir=" in text and "hydra.run.dir=" in text and "-o flock" in text  # the fixes
-    assert isinstance(info.value, JobBusy)  # gtopk.run.job: one line on stderr, exit 2, nothing written
+    assert isinstance(info.value, JobBusy)  # gtopk.run.execute: one line on stderr, exit 2, nothing written
     assert open_fds() == before  # the lock file is not left open
     with torchrun_lock(run_dir, rank=0) as refusal:  # under torchrun: rank 0's refusal, for every rank
         assert isinstance(refusal, LockUnavailable) and str(refusal) == text

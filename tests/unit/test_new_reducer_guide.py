@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 
 import gtopk.perf.model as perfmodel
 from analysis import reducers as known
-from gtopk.perf.profile import NetworkProfile
-from gtopk.reducers.selection import k_for
+from gtopk.perf.netprofile import NetworkProfile
+from gtopk.reducers.selection.exact import k_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "new-reducer.md"

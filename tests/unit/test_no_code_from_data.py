@@ -17,7 +17,7 @@ import yaml
 import gtopk.perf.model as perfmodel
 from analysis import scaling
 from analysis.load import load_jobs
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from gtopk.reducers.costmodel import Network
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Ok-Topk in one process: settings, the single-worker contract, the P ranks' ``reduce_group``
-against the executable specification (``gtopk.reducers.oktopk_reference``) bit for bit,
+against the executable specification (``gtopk.reducers.oktopk.reference``) bit for bit,
 threshold re-use, the put-back, checkpointed state, the local steps and the cost model."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from gtopk.reducers.costmodel import Network
+from gtopk.reducers.inprocess import residual_matrix
 from gtopk.reducers.oktopk import OkTopKReducer
-from gtopk.reducers.oktopk_cost import (
+from gtopk.reducers.oktopk.cost import (
     entry_bytes,
     oktopk_time,
     paper_bound,
@@ -20,11 +21,10 @@ from gtopk.reducers.oktopk_cost import (
     rank_traffic,
     step_time,
 )
-from gtopk.reducers.oktopk_reference import OkTopKSpec
-from gtopk.reducers.oktopk_regions import balance_plan, boundaries, pad, quantiles, select_local
-from gtopk.reducers.selection import k_for
-from gtopk.reducers.selector import Selector
-from gtopk.simulated.reduce import residual_matrix
+from gtopk.reducers.oktopk.reference import OkTopKSpec
+from gtopk.reducers.oktopk.regions import balance_plan, boundaries, pad, quantiles, select_local
+from gtopk.reducers.selection import Selector
+from gtopk.reducers.selection.exact import k_for
 
 
 @pytest.fixture(autouse=True)

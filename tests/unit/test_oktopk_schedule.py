@@ -1,5 +1,5 @@
 """Ok-Topk's schedule as it runs, every rank of P in one process (the recorded world,
-``gtopk.perf.recorder``: the reducer's own code over a stand-in for torch.distributed),
+``gtopk.perf.virtualworld``: the reducer's own code over a stand-in for torch.distributed),
 against the specification and the cost model: the point-to-point messages (partners and
 sizes) against ``OkTopKSpec.messages``, each rank's record against the bytes of the
 tensors it passed to the collectives (padding told apart by its sentinel index) and
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import gtopk.reducers.oktopk_comm as oktopk_comm
-from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
+import gtopk.reducers.oktopk.comm as oktopk_comm
+from gtopk.perf.virtualworld import BYTES, ROUNDS, RecordedWorld
 from gtopk.reducers.costmodel import Network, Traffic, dense_traffic
 from gtopk.reducers.oktopk import OkTopKReducer
-from gtopk.reducers.oktopk_cost import entry_bytes, p2p_time, rank_traffic
-from gtopk.reducers.oktopk_reference import OkTopKSpec
-from gtopk.reducers.oktopk_regions import SENTINEL
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.oktopk.cost import entry_bytes, p2p_time, rank_traffic
+from gtopk.reducers.oktopk.reference import OkTopKSpec
+from gtopk.reducers.oktopk.regions import SENTINEL
+from gtopk.reducers.selection.exact import k_for
 
 M, DENSITY = 1000, 0.004  # k = 4, as gtopk.perf.schedulecheck
 MIXED = Network(alpha=1.0, beta=0.25)

@@ -13,7 +13,7 @@ import pytest
 
 from analysis.payoff import cli as payoff
 from analysis.training import iterations_by_epoch, iterations_to, load_train_runs
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from tests.wandb_records import PAYOFF, timing_row, write_job
 
 PER_EPOCH = 10  # iterations per epoch in every training run below

@@ -11,7 +11,7 @@ from analysis.payoff import versus
 from analysis.payoff.cells import best_rows
 from analysis.payoff.itertime import IterTimes, compute_profile, networks
 from analysis.training import Target, load_train_runs
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from tests.unit.test_payoff import one, records, run_payoff, train_job  # noqa: F401 - records is a fixture
 
 TARGET = "99 % of dense"

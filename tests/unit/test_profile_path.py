@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gtopk.records.profiles import ProfileError
+from gtopk.records.compute_profiles import ProfileError
 from gtopk.train.compute import profile_t_compute
 
 

@@ -9,7 +9,7 @@ empty strings, path separators, newlines, lists, null) and a few malformed overr
 Each goes through what ``run.py`` applies before any process: the command-line checks
 (``gtopk.run.overrides``), the composition (``tests.config.compose_config``; where it
 fails, ``run.py``'s own composition check must refuse in one line) and
-``gtopk.run.job.validate``. Any other exception fails the test.
+``gtopk.run.execute.validate``. Any other exception fails the test.
 
 A config that passes is proven usable where a worker would otherwise trip over it
 (``usable``): the optimiser, the LR and density schedules over the whole run, the seeds,
@@ -35,7 +35,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import Dataset
 
-from gtopk.run.job import BAD_INPUT, validate
+from gtopk.run.execute import BAD_INPUT, validate
 from gtopk.run.overrides import command_line_problem, composition_problem, early_problem
 from gtopk.train.data.loader import build_loader
 from gtopk.train.recipe import DensitySchedule, LRSchedule

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gtopk.reducers import DenseReducer, GTopKReducer, TopKReducer, reference
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 
 SPARSE = [("topk", {"reselect": r}) for r in (False, True)] + [
     ("gtopk", {"algorithm": a, "putback": p})

@@ -16,7 +16,7 @@ from baselines.ddp import DDPReducer
 from baselines.fp16 import DDPFp16Reducer
 from baselines.powersgd import PowerSGDReducer
 from gtopk.reducers import DenseReducer, GTopKReducer, Reducer, TopKReducer
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 from gtopk.run.checks import ConfigError, reducer_settings
 from gtopk.train.state import _reducer_state
 from tests.config import options

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from gtopk.reducers.oktopk import OkTopKReducer
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 from gtopk.train.compute import STRIDE, WINDOW, ProfileError, ReplayedCompute, replay_banks
 from gtopk.train.replay_backward import replay_backward
 

@@ -15,7 +15,7 @@ from analysis.payoff.itertime import networks
 from analysis.reproduce import steps
 from analysis.scaling import modelled
 from gtopk.perf.model import compare
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 DENSE = {"_target_": "gtopk.reducers.DenseReducer", "bucket_mb": 25.0}
 AT = {"2": 1e-4, "8": 3e-4, "32": 2e-4}

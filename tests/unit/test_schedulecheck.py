@@ -14,7 +14,7 @@ import gtopk.reducers.gtopk as gtopk_module
 import gtopk.reducers.topk as topk_module
 from gtopk.perf import schedulecheck as sc
 from gtopk.perf.cooperative import Deadlock
-from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
+from gtopk.perf.virtualworld import BYTES, ROUNDS, RecordedWorld
 from gtopk.reducers import costmodel as cm
 from gtopk.reducers.wire import SparseCodec
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gtopk.reducers import reference, sparse
-from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.selection.exact import k_for, topk_indices
 from gtopk.reducers.sparse import keep_topk, member_mask, merge
 
 
@@ -85,7 +85,7 @@ def test_member_mask():
 
 # -- topk_indices against a brute-force reference, every path -------------------------
 
-import gtopk.reducers.selection as selection  # noqa: E402  (module constants are patched below)
+import gtopk.reducers.selection.exact as selection  # noqa: E402  (module constants are patched below)
 
 
 def brute_topk(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -300,7 +300,7 @@ def test_one_thread_sets_and_restores_the_thread_count():
 def test_topk_rows_is_topk_indices_of_every_row(small_sizes):
     """All P ranks' selections at once (cluster=simulated): row i is topk_indices(x[i])
     exactly, whatever path each row would take alone (fast, retry, fallback, direct)."""
-    from gtopk.reducers.selection import topk_rows
+    from gtopk.reducers.selection.exact import topk_rows
 
     g = torch.Generator().manual_seed(7)
     paths = set()
@@ -322,7 +322,7 @@ def test_topk_rows_at_real_size():
     """ResNet-20's m, unpatched constants, rows of different scales, one of ties, one with
     fewer than k nonzero entries (its cut is 0), one whose largest entries share columns
     of the scan, and one with a few huge entries."""
-    from gtopk.reducers.selection import topk_rows
+    from gtopk.reducers.selection.exact import topk_rows
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(8, 269_722, generator=g) * torch.rand(8, 1, generator=g)

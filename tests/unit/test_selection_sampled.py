@@ -11,11 +11,11 @@ import random
 import pytest
 import torch
 
-import gtopk.reducers.selection as selection
+import gtopk.reducers.selection.exact as selection
 from gtopk.reducers import GTopKReducer, TopKReducer, sparse
-from gtopk.reducers.sampled import LOWER, sample_stride, sampled_indices, sampled_path
-from gtopk.reducers.selection import k_for, topk_indices
-from gtopk.reducers.selector import Selector, select
+from gtopk.reducers.selection import Selector, select
+from gtopk.reducers.selection.exact import k_for, topk_indices
+from gtopk.reducers.selection.sampled import LOWER, sample_stride, sampled_indices, sampled_path
 from gtopk.reducers.sparse import pad_to
 from tests.unit.test_selection import random_case
 

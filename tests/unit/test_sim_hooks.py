@@ -153,7 +153,7 @@ SIMULATED = ["cluster=simulated", "mode=train", "data=digits", "nodes=4"]
 
 @pytest.mark.parametrize("reducer_name", ["powersgd", "ddp_fp16"])
 def test_the_hook_baselines_are_accepted_with_cluster_simulated(compose, reducer_name):
-    from gtopk.run.job import validate
+    from gtopk.run.execute import validate
 
     validate(compose([*FAST, *SIMULATED, f"reducer={reducer_name}"]))
 
@@ -168,7 +168,7 @@ def test_the_hook_baselines_are_accepted_with_cluster_simulated(compose, reducer
     ],
 )
 def test_what_the_simulated_hooks_cannot_run_is_refused_in_one_line(compose, args, fragments):
-    from gtopk.run.job import BAD_INPUT, validate
+    from gtopk.run.execute import BAD_INPUT, validate
 
     with pytest.raises(BAD_INPUT) as info:
         validate(compose([*FAST, *SIMULATED, *args]))

@@ -12,7 +12,7 @@ from analysis.payoff import validate
 from analysis.payoff.itertime import networks
 from gtopk.perf import software
 from gtopk.perf.model import predict_commu
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 
 GTOPK = {"_target_": "gtopk.reducers.GTopKReducer", "density": 0.001, "algorithm": "tree"}
 EXACT = GTOPK | {"putback": "exact"}

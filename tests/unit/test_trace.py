@@ -1,6 +1,6 @@
 """The round trace (``gtopk.reducers.wire.RoundTrace``) and its critical path
 (``gtopk.perf.trace``): in one process, over the recorded world's stand-in for
-``torch.distributed`` (``gtopk.perf.recorder``), whose logical clocks serve as the trace's
+``torch.distributed`` (``gtopk.perf.virtualworld``), whose logical clocks serve as the trace's
 clock (a message costs ``alpha + bytes * beta`` of them, local work nothing); and on
 timelines built by hand."""
 
@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from gtopk.perf.recorder import BYTES, ROUNDS, RecordedWorld
 from gtopk.perf.trace import COLL_DONE, POST_COLL, call_events, critical_path
+from gtopk.perf.virtualworld import BYTES, ROUNDS, RecordedWorld
 from gtopk.reducers import GTopKReducer, wire
 from gtopk.reducers.costmodel import Network
 from gtopk.reducers.wire import END, MERGED, POST_RECV, POST_SEND, RECEIVED, ROUND, SENT, START, RoundTrace

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.payoff import validate
-from gtopk.perf.profile import NetworkProfile
+from gtopk.perf.netprofile import NetworkProfile
 from tests.wandb_records import write_job
 
 P102_RESNET20 = 920.632  # images/s, the paper's single-P102 ResNet-20 throughput (gtopk/paper/throughput.csv)

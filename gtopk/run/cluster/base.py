@@ -67,7 +67,7 @@ class Cluster(ABC):
         return None
 
     def check_job(self, cfg: Any) -> None:
-        """``check`` for a job of config ``cfg`` (``gtopk.run.job``): ``check(cfg.nodes)``."""
+        """``check`` for a job of config ``cfg`` (``gtopk.run.execute``): ``check(cfg.nodes)``."""
         self.check(cfg.nodes)
 
     def processes(self, nodes: int) -> int:

@@ -4,7 +4,7 @@ and runs each one in its SLURM job; this subclass adds, in the submitting proces
 
 * a job whose run directory is finished with the same settings (its config's fingerprint,
   ``gtopk.records.identity``) is not submitted: it is listed as skipped, as the basic
-  launcher's job does (``gtopk.run.job``), so re-running a sweep resumes it; one whose
+  launcher's job does (``gtopk.run.execute``), so re-running a sweep resumes it; one whose
   folder holds a result of other settings is not submitted either (without ``rerun=true``)
   and is listed as failed with the one line that names the settings that differ;
 * every job is waited for, and the ones that did not finish (``failed.json``'s one-line
@@ -82,8 +82,8 @@ class SweepSlurmLauncher(SlurmLauncher):
         return run_dir, task
 
     def _verdict(self, overrides: Sequence[str]) -> tuple[Path, Verdict]:
-        """What the job's run directory holds for it (``gtopk.run.job.decide``'s read-only part)."""
-        from gtopk.run.job import OtherSettings, decide, job_identity
+        """What the job's run directory holds for it (``gtopk.run.execute.decide``'s read-only part)."""
+        from gtopk.run.execute import OtherSettings, decide, job_identity
 
         run_dir, task = self._job(overrides)
         try:

@@ -1,7 +1,7 @@
 """P ranks' ``reduce`` computed in one process (``cluster=simulated``); all local.
 
 ``Reducer.reduce_group(workers, grads)`` of dense, Top-k and gTop-k calls these (Ok-Topk's
-is ``gtopk.reducers.oktopk_group``, on ``residual_rows``; the hook baselines' is
+is ``gtopk.reducers.oktopk.group``, on ``residual_rows``; the hook baselines' is
 ``gtopk.simulated.hooks``): ``workers[i]`` is rank i's reducer
 (settings, error-feedback residual, ``diagnostics``) and ``grads[i]`` its flat gradient.
 They return the update every rank's ``reduce`` returns and each rank's ``ReduceRecord``,
@@ -32,10 +32,10 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers.costmodel import dense_traffic, gtopk_traffic, topk_traffic
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.reducers.schedules import recursive_doubling_local, tree_reduce_local
-from gtopk.reducers.selection import k_for
-from gtopk.reducers.selector import Picks
+from gtopk.reducers.selection import Picks
+from gtopk.reducers.selection.exact import k_for
 from gtopk.reducers.sparse import keep_topk, member_mask, merge
 
 Sparse = tuple[Tensor, Tensor]

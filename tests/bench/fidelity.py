@@ -2,7 +2,7 @@
 checks of docs/cluster.md (section "Checks that the testbed is faithful"), run as Fig. 6's
 jobs (``experiment=fig6_reproduce``: 1 Gbit/s, the paper's compute replayed) and printed.
 
-    python -m gtopk.run.cluster.fidelity [--models vgg16 resnet20] [--nodes 2 8] [--dilation 8] [--out runs/fidelity]
+    python -m tests.bench.fidelity [--models vgg16 resnet20] [--nodes 2 8] [--dilation 8] [--out runs/fidelity]
 
 1. **plain**: at P = 2, t_iter of the plain cluster (``cluster.dilation=1``) and of the
    dilated one (``cluster.dilation=D``) within 10 % of each other, for every model and

@@ -1,5 +1,5 @@
 """Deep Gradient Compression's sampled threshold (Lin et al., ICLR 2018): an approximate
-top-k selection, ``selection=sampled`` of the sparse reducers (``gtopk.reducers.selector``).
+top-k selection, ``selection=sampled`` of the sparse reducers (``gtopk.reducers.selection``).
 
 ``sampled_indices(x, k)`` is local (no collective calls), runs on the tensor's own device
 and draws no random numbers (the same input gives the same output, on every rank and in
@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from gtopk.host import one_thread
-from gtopk.reducers.selection import _EXACT_BELOW, _above, topk_indices
+from gtopk.reducers.selection.exact import _EXACT_BELOW, _above, topk_indices
 
 #: DGC's defaults: the sample holds this fraction of the entries (at least)
 SAMPLE_RATIO = 0.01

@@ -11,7 +11,7 @@ naming why (``gtopk.records.extension``); an unreadable ``summary.json`` is quar
 the job runs again. Then everything that can be checked without processes is checked,
 before any is spawned (``gtopk.run.checks``: a one-line error naming the setting and the
 fix). A job runs under its run directory's lock, and a failed one is recorded and, in a
-sweep, passed over (``gtopk.run.jobs``). The workers are a ``gtopk.run.runner`` group: in a sweep (basic
+sweep, passed over (``gtopk.run.jobs``). The workers are a ``gtopk.run.dispatch`` group: in a sweep (basic
 launcher) the next job of the same P, cluster, backend, threads and device reuses it; a
 failed job, a single run and a job under another launcher close it.
 """
@@ -34,9 +34,10 @@ from gtopk.records.extension import Extension, consider, continued
 from gtopk.records.identity import Verdict, fingerprint, identity, move_aside, quarantine, verdict, write_identity
 from gtopk.records.rundir import SUMMARY, CorruptRecord, RunDir, iter_jsonl
 from gtopk.records.summary import summarizable
-from gtopk.run import checks, runner
+from gtopk.run import checks, dispatch
 from gtopk.run.checks import ConfigError
 from gtopk.run.cluster import ClusterError
+from gtopk.run.dispatch import GroupSpec, run_on_cluster
 from gtopk.run.jobs import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -49,8 +50,7 @@ from gtopk.run.jobs import (
     start_attempt,
     torchrun_lock,
 )
-from gtopk.run.localprofile import measure_local
-from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.measure_compute import measure_local
 from gtopk.run.settings import check_rerun
 from gtopk.run.supervise import signals_stop
 from gtopk.run.world import PortInUse, WorkerError, join_group
@@ -58,6 +58,7 @@ from gtopk.train.checkpoint import saved_generation
 from gtopk.train.compute import MissingLocalProfile, ProfileError
 from gtopk.train.data import DataError
 from gtopk.train.loop import run_worker
+from gtopk.train.recipe import first_difference
 
 BAD_INPUT = (ConfigError, DataError, PortInUse)  # one-line errors, raised before any worker starts
 
@@ -203,7 +204,7 @@ def _job(cfg: DictConfig, run_dir: Path) -> float | None:
                 return skipped(run_dir, now.value)
             return _run(cfg, run_dir, ident, extends=now.extends)
     except BaseException:
-        runner.close()  # a failed job leaves no workers behind: the next job starts afresh
+        dispatch.close()  # a failed job leaves no workers behind: the next job starts afresh
         raise
 
 
@@ -251,7 +252,7 @@ def decide(run_dir: Path, ident: dict, cfg: DictConfig, settle: bool = False) ->
     if v.action != "refuse":
         return v
     if not rerun:
-        longer = consider(run_dir, ident, gen)
+        longer = consider(run_dir, ident, gen, first_difference)
         if isinstance(longer, Extension):
             return Verdict("run", extends=longer)
         raise OtherSettings(longer or v.why)

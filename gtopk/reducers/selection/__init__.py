@@ -2,9 +2,9 @@
 entry point, ``select(x, k, method)``, and what a rank sends of it (``Selector.pick``).
 
 * ``exact`` (the default): the k largest ``|x|``, ties to the smaller index
-  (``gtopk.reducers.selection.topk_indices``).
+  (``gtopk.reducers.selection.exact.topk_indices``).
 * ``sampled``: Deep Gradient Compression's sampled threshold
-  (``gtopk.reducers.sampled``): the ``n <= k`` largest ``|x|``, exactly k whenever at
+  (``gtopk.reducers.selection.sampled``): the ``n <= k`` largest ``|x|``, exactly k whenever at
   least k entries pass the threshold.
 
 Both return ascending int64 indices and are local (no collective calls), deterministic
@@ -26,8 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO, sampled_indices
-from gtopk.reducers.selection import topk_indices, topk_rows
+from gtopk.reducers.selection.exact import topk_indices, topk_rows
+from gtopk.reducers.selection.sampled import MAX_REFINE, SAMPLE_RATIO, sampled_indices
 from gtopk.reducers.sparse import pad_to
 
 METHODS = ("exact", "sampled")

@@ -3,7 +3,7 @@ collective over the reducer's group: every rank calls it, in the same order).
 
 ``Comm`` extends the counted point-to-point layer (``gtopk.reducers.wire.PointToPoint``)
 with the rotation step and the two backend collectives Ok-Topk uses; it counts into the
-``ReduceRecord`` what ``gtopk.reducers.oktopk_cost.rank_traffic`` states (backend
+``ReduceRecord`` what ``gtopk.reducers.oktopk.cost.rank_traffic`` states (backend
 collectives as the rings gloo runs, point-to-point messages as sent) and into ``wire``
 the bytes of the tensors it passed: entries, padding, metadata.
 
@@ -19,9 +19,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.reducers.costmodel import dense_traffic
-from gtopk.reducers.oktopk_cost import META_BYTES, Wire, count_bytes, entry_bytes, ring_gather
-from gtopk.reducers.oktopk_regions import SENTINEL, Sparse, balance_plan, block_length, pad
-from gtopk.reducers.record import ReduceRecord
+from gtopk.reducers.oktopk.cost import META_BYTES, Wire, count_bytes, entry_bytes, ring_gather
+from gtopk.reducers.oktopk.regions import SENTINEL, Sparse, balance_plan, block_length, pad
+from gtopk.reducers.outcome import ReduceRecord
 from gtopk.reducers.wire import PointToPoint, SparseCodec
 
 

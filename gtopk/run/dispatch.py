@@ -1,6 +1,6 @@
 """The one way work reaches worker processes: ``run_on_cluster``.
 
-Jobs (``gtopk.run.job``), the local compute profile (``gtopk.run.localprofile``) and the
+Jobs (``gtopk.run.execute``), the local compute profile (``gtopk.run.measure_compute``) and the
 network benchmark (``gtopk.perf.netbench``) all run their per-rank functions through it.
 It keeps at most one live ``WorkerGroup`` in this process, with the cluster it runs on
 (``cluster.up(P)``: the emulated network's namespaces stay up as long as the group
@@ -29,7 +29,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gtopk.run.group import WorkerGroup
+from gtopk.run.pool import WorkerGroup
 from gtopk.run.world import threads_per_worker
 
 

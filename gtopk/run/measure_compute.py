@@ -1,7 +1,7 @@
 """Measuring the local compute profile (``compute.profile=local``, see
 ``gtopk.train.compute``): this job's model at P = 1 with real forward and backward, a
-short benchmark on loopback run through ``gtopk.run.runner`` like any job, its
-throughput added to ``runs/profiles/local.json``. Called by ``gtopk.run.job`` when
+short benchmark on loopback run through ``gtopk.run.dispatch`` like any job, its
+throughput added to ``runs/profiles/local.json``. Called by ``gtopk.run.execute`` when
 resolving the compute raises ``MissingLocalProfile``, before the job's own workers start."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from gtopk.records import profiles
+from gtopk.records import compute_profiles
 from gtopk.run import checks
-from gtopk.run.runner import GroupSpec, run_on_cluster
+from gtopk.run.dispatch import GroupSpec, run_on_cluster
 from gtopk.run.world import threads_per_worker
 from gtopk.train import compute
 from gtopk.train.loop import run_worker
@@ -27,8 +27,8 @@ BENCHMARK = {"warmup": 2, "iters": 5}
 def measure_local(cfg: Any) -> dict:
     """Measure ``cfg``'s model, batch and device at P = 1 (cores / 1 intra-op threads, the
     default of a single worker) and add the entry to the local profile; returns it."""
-    key = profiles.profile_key(cfg)
-    run_dir = profiles.LOCAL_PROFILE.parent / "local" / key.replace("/", "_")
+    key = compute_profiles.profile_key(cfg)
+    run_dir = compute_profiles.LOCAL_PROFILE.parent / "local" / key.replace("/", "_")
     run_dir.mkdir(parents=True, exist_ok=True)
     job = OmegaConf.to_container(cfg, resolve=True)
     job.update(
@@ -40,7 +40,7 @@ def measure_local(cfg: Any) -> dict:
         benchmark=BENCHMARK,
         cluster=LOCAL_CLUSTER,
     )
-    print(f"compute.profile=local: measuring {key} at P = 1 -> {profiles.LOCAL_PROFILE}", flush=True)
+    print(f"compute.profile=local: measuring {key} at P = 1 -> {compute_profiles.LOCAL_PROFILE}", flush=True)
     device, backend = checks.placement(str(cfg.device), "auto", wants_gpu=True)  # the job's device, its backend
     spec = GroupSpec(1, backend, threads_per_worker(1), device, json.dumps(LOCAL_CLUSTER, sort_keys=True))
     summary = run_on_cluster(spec, run_worker, (job, str(run_dir)), timeout=float(cfg.timeout_s))[0]
@@ -54,5 +54,5 @@ def measure_local(cfg: Any) -> dict:
         "run_dir": str(run_dir),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    profiles.save_local_entry(key, entry)
+    compute_profiles.save_local_entry(key, entry)
     return entry

@@ -1,6 +1,6 @@
 """Per-call time of Ok-Topk against gTop-k on loopback (gloo), medians; prints a table.
 
-``python -m gtopk.reducers.oktopk_bench [--P 2 4 8] [--models vgg16 resnet20] [--density 0.001]``
+``python -m tests.bench.oktopk_bench [--P 2 4 8] [--models vgg16 resnet20] [--density 0.001]``
 (``--fixed-gradient``: instead, what the re-used thresholds select under ``compute=replay``)
 
 Each rank reduces a fresh standard-normal gradient per call, its residual cleared before
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gtopk.reducers.gtopk import GTopKReducer
 from gtopk.reducers.oktopk import THRESHOLD_PERIOD, OkTopKReducer
-from gtopk.reducers.selection import k_for
+from gtopk.reducers.selection.exact import k_for
 from gtopk.run.spawn import spawn
 
 SIZES = {"vgg16": 14_728_266, "resnet20": 269_722}

@@ -1,7 +1,7 @@
 """Ok-Topk's local steps: selection by threshold, region boundaries, region sums, the
 global selection and the balancing plan. All local (no collective calls); shared by the
 distributed reducer (``gtopk.reducers.oktopk``) and its P ranks in one process
-(``gtopk.reducers.oktopk_group``), so that both compute the same bits.
+(``gtopk.reducers.oktopk.group``), so that both compute the same bits.
 
 Sparse vectors are (ascending int64 indices, float32 values). Tie rule as everywhere in
 ``gtopk.reducers``: among equal |value| the smaller index wins (``topk_indices``,
@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from gtopk.host import one_thread
-from gtopk.reducers.selection import _above, topk_indices
-from gtopk.reducers.selector import Selector
+from gtopk.reducers.selection import Selector
+from gtopk.reducers.selection.exact import _above, topk_indices
 from gtopk.reducers.sparse import keep_topk
 
 #: the index of a padding entry in a padded all-gather (never a real index)

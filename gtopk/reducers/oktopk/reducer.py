@@ -10,11 +10,11 @@ from torch import Tensor
 from gtopk.host import Clock, one_thread
 from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network
-from gtopk.reducers.oktopk_comm import Comm
-from gtopk.reducers.oktopk_cost import Wire, oktopk_step_time, oktopk_time
-from gtopk.reducers.oktopk_group import oktopk_group
-from gtopk.reducers.oktopk_reference import OkTopKSpec
-from gtopk.reducers.oktopk_regions import (
+from gtopk.reducers.oktopk.comm import Comm
+from gtopk.reducers.oktopk.cost import Wire, oktopk_step_time, oktopk_time
+from gtopk.reducers.oktopk.group import oktopk_group
+from gtopk.reducers.oktopk.reference import OkTopKSpec
+from gtopk.reducers.oktopk.regions import (
     boundaries,
     quantiles,
     region_sum,
@@ -22,10 +22,10 @@ from gtopk.reducers.oktopk_regions import (
     select_local,
     split,
 )
-from gtopk.reducers.record import ReduceRecord
-from gtopk.reducers.sampled import MAX_REFINE, SAMPLE_RATIO
-from gtopk.reducers.selection import k_for
-from gtopk.reducers.selector import Selector
+from gtopk.reducers.outcome import ReduceRecord
+from gtopk.reducers.selection import Selector
+from gtopk.reducers.selection.exact import k_for
+from gtopk.reducers.selection.sampled import MAX_REFINE, SAMPLE_RATIO
 from gtopk.reducers.sparse import member_mask
 
 #: the paper's periods (its code: thresholds every 32 iterations, regions every 64)
@@ -51,7 +51,7 @@ class OkTopKReducer(SparseReducer):
     ``boundary_period`` steps; region r is reduced on rank r), each region owner selects
     globally (exact top-k of all reduced entries every ``threshold_period`` steps, a
     re-used threshold in between) and the result is all-gathered. Collective as a whole
-    (``gtopk.reducers.oktopk_comm``): every rank must call ``reduce``.
+    (``gtopk.reducers.oktopk.comm``): every rank must call ``reduce``.
 
     Error feedback (the paper's Algorithm 2): ``acc = residual + grad``; a rank's selected
     entries whose index reached the global set are applied (summed over every rank that
@@ -61,8 +61,8 @@ class OkTopKReducer(SparseReducer):
     State across steps (``state_dict``): the residual, the step counter, the k the
     thresholds were chosen for (a new density makes the next step exact), this rank's
     local threshold, the global threshold and the regions' boundaries.
-    Semantics: ``gtopk.reducers.oktopk_reference``; in one process: ``reduce_group``.
-    ``selection`` (``gtopk.reducers.selector``): how the exact steps select locally.
+    Semantics: ``gtopk.reducers.oktopk.reference``; in one process: ``reduce_group``.
+    ``selection`` (``gtopk.reducers.selection``): how the exact steps select locally.
     """
 
     display_name = "Ok-Topk"
@@ -105,7 +105,7 @@ class OkTopKReducer(SparseReducer):
         sample_ratio: float = SAMPLE_RATIO,
         max_refine: int = MAX_REFINE,
     ):
-        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selector
+        self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selection
         self.threshold_period = _period(
             "threshold_period", threshold_period, THRESHOLD_PERIOD, "tau': steps between exact selections"
         )
@@ -256,5 +256,5 @@ class OkTopKReducer(SparseReducer):
 
     @classmethod
     def reduce_group(cls, workers, grads, accumulated=False):
-        """Local: ``gtopk.reducers.oktopk_group.oktopk_group``."""
+        """Local: ``gtopk.reducers.oktopk.group.oktopk_group``."""
         return oktopk_group(workers, grads, accumulated)

@@ -3,7 +3,7 @@
 ``oktopk_group(workers, grads)`` returns what every rank's ``OkTopKReducer.reduce``
 returns in a group of P = len(workers) ranks and leaves each worker's state (residual,
 thresholds, regions, step) as that rank's ``reduce`` leaves it, bit for bit: the same
-kernels (``gtopk.reducers.oktopk_regions``, ``topk_rows`` = ``topk_indices`` row by row),
+kernels (``gtopk.reducers.oktopk.regions``, ``topk_rows`` = ``topk_indices`` row by row),
 every index's sum taken in rank order as the region owners take it, the same global
 selection on the same entries. Records: ``selected`` and the traffic each rank would send
 (``oktopk_cost.rank_traffic``, from the step's counts: what the distributed records count),
@@ -16,12 +16,12 @@ import torch
 from torch import Tensor
 
 from gtopk.host import Clock
-from gtopk.reducers.oktopk_cost import rank_traffic
-from gtopk.reducers.oktopk_regions import boundaries, passing, quantiles, select_global, split, threshold_of
-from gtopk.reducers.record import ReduceRecord
-from gtopk.reducers.selection import k_for, topk_indices
+from gtopk.reducers.inprocess import residual_rows
+from gtopk.reducers.oktopk.cost import rank_traffic
+from gtopk.reducers.oktopk.regions import boundaries, passing, quantiles, select_global, split, threshold_of
+from gtopk.reducers.outcome import ReduceRecord
+from gtopk.reducers.selection.exact import k_for, topk_indices
 from gtopk.reducers.sparse import member_mask
-from gtopk.simulated.reduce import residual_rows
 
 
 def _counts(sel: Tensor, bounds: Tensor) -> list[int]:
@@ -31,7 +31,7 @@ def _counts(sel: Tensor, bounds: Tensor) -> list[int]:
 
 def oktopk_group(workers: list, grads: list[Tensor], accumulated: bool = False) -> tuple[Tensor, list[ReduceRecord]]:
     """Ok-Topk over P ranks' gradients in one process. ``accumulated``: the gradients are
-    already in the ranks' residuals, held as one matrix (``gtopk.simulated.reduce.residual_matrix``)."""
+    already in the ranks' residuals, held as one matrix (``gtopk.reducers.inprocess.residual_matrix``)."""
     P, m, w0 = len(grads), grads[0].numel(), workers[0]
     clock = Clock(grads[0].device)
     k = k_for(w0.density, m)

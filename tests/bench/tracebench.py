@@ -1,4 +1,4 @@
-"""``python -m gtopk.perf.tracebench``: per-call medians of the sparse reducers on loopback.
+"""``python -m tests.bench.tracebench``: per-call medians of the sparse reducers on loopback.
 
 For each P of ``--nodes``, gradient size of ``--m`` and reducer of ``--reducers``, P worker
 processes (gloo on loopback, ``gtopk.run.spawn``) make ``--calls`` timed calls (after
@@ -33,6 +33,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from gtopk.host import scheduling
+
 REDUCERS = ("gtopk_tree", "gtopk_rd", "topk")
 
 
@@ -43,13 +45,6 @@ def build(name: str, density: float, align: bool):
         return TopKReducer(density, align_timing=align)
     algorithm = {"gtopk_tree": "tree", "gtopk_rd": "recursive_doubling"}[name]
     return GTopKReducer(density, algorithm=algorithm, align_timing=align)
-
-
-def scheduling(realtime: bool) -> None:
-    """Every thread of this process under ``SCHED_FIFO`` (priority 10), or back to ``SCHED_OTHER``."""
-    policy, priority = (os.SCHED_FIFO, 10) if realtime else (os.SCHED_OTHER, 0)
-    for tid in os.listdir("/proc/self/task"):
-        os.sched_setscheduler(int(tid), policy, os.sched_param(priority))
 
 
 def worker(

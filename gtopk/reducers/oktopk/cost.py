@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from gtopk.reducers.costmodel import VALUE_BYTES, Network, Traffic, dense_traffic, index_bytes
-from gtopk.reducers.oktopk_regions import balance_plan, block_length
+from gtopk.reducers.oktopk.regions import balance_plan, block_length
 
 META_BYTES = 8  # int64 boundaries
 

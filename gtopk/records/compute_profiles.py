@@ -2,7 +2,7 @@
 
 A profile maps ``profile_key(cfg)`` (model, batch x accumulation, device) to a measurement
 at P = 1 (``images_per_s``, ...). ``LOCAL_PROFILE`` is this machine's, written by
-``gtopk.run.localprofile`` and read by compute replay (``gtopk.train.compute``) and the
+``gtopk.run.measure_compute`` and read by compute replay (``gtopk.train.compute``) and the
 analysis (``analysis.payoff``); ``compute.profile=<path>`` names another one.
 """
 
@@ -38,7 +38,7 @@ def read_profile(path: Path) -> dict:
 
 
 def save_local_entry(key: str, entry: dict) -> None:
-    """Add ``entry`` (a measurement at P = 1, made by ``gtopk.run.localprofile``) to the
+    """Add ``entry`` (a measurement at P = 1, made by ``gtopk.run.measure_compute``) to the
     local profile under ``key`` (read-modify-write under a lock: concurrent jobs)."""
     LOCAL_PROFILE.parent.mkdir(parents=True, exist_ok=True)
     with open(LOCAL_PROFILE.with_suffix(".lock"), "w") as lock:

@@ -1,4 +1,4 @@
-"""``python -m gtopk.perf.authors_compare``: our tree gTopKAllReduce beside the authors' mpi4py one.
+"""``python -m tests.bench.authors_compare``: our tree gTopKAllReduce beside the authors' mpi4py one.
 
 ``--authors`` names a checkout of github.com/hclhkbu/gtopkssgd that the user makes; its
 functions are imported from there at run time, unchanged. Rank r of both sides starts from
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def k_of(m: int, density: float) -> int:
-    """Entries per rank: ``max(1, int(density m))``, as ``gtopk.reducers.selection.k_for`` and the
+    """Entries per rank: ``max(1, int(density m))``, as ``gtopk.reducers.selection.exact.k_for`` and the
     authors' ``TopKCompressor`` (``int(numel * ratio)``) both count them."""
     return min(m, max(1, int(density * m)))
 
@@ -247,7 +247,7 @@ def run_side(a, side: str, m: int, P: int, stem: str) -> dict:
     if side == "ours":
         run_ours(parse(common + ["--P", str(P)]))
     else:
-        cmd = [*a.mpirun.split(), "-np", str(P), a.mpi_python, "-m", "gtopk.perf.authors_compare", *common]
+        cmd = [*a.mpirun.split(), "-np", str(P), a.mpi_python, "-m", "tests.bench.authors_compare", *common]
         subprocess.run(cmd, env=os.environ | {"PYTHONPATH": str(ROOT)}, check=True)
     return json.loads(Path(a.out, stem + ".json").read_text()) | {"stem": stem, "load1": os.getloadavg()[0]}
 
