@@ -35,7 +35,8 @@ def paper_length(overrides: list[str]) -> None:
     as they stand (``make reproduce-paper-length``; a partial grid too): the table, curves
     and cells (``analysis.figures.scale --stem fig5_paper_length``), and the gap to dense
     against coverage along training beside the grid's budget (``analysis.figures.budgets``:
-    the archived ``fig5_scale`` runs), published to ``analysis/results/fig5_paper_length/``."""
+    the archived ``fig5_scale`` runs), published to ``analysis/results/fig5_paper_length/``;
+    then the README's answer table (``analysis.readme``)."""
     overrides = merged(["experiment=fig5_paper_length"], overrides)
     runs = first_job(overrides)[0]
     grid: list[str] = []
@@ -47,3 +48,4 @@ def paper_length(overrides: list[str]) -> None:
     steps.run([sys.executable, "-m", "analysis.figures.budgets", f"grid={SCALE_RESULTS / 'runs'}",
                f"paper_length={runs}", "--nodes", *axis(overrides, "nodes"), "--reducers", *axis(overrides, "reducer"),
                "--stem", f"{stem}_budgets", "--out", str(PAPER_LENGTH_RESULTS)])  # fmt: skip
+    steps.run([sys.executable, "-m", "analysis.readme"])  # the README's answer table from the new table
