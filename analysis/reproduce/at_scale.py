@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import sys
+import time
 
-from analysis.reproduce import steps
+from analysis.reproduce import publish, steps
 from analysis.reproduce.sweep import ROOT, axis, first_job, merged
 
 #: analysis.figures.scale's grid options and the sweep keys they come from; where its copies go
@@ -28,6 +29,8 @@ def scale(overrides: list[str]) -> None:
 
 
 PAPER_LENGTH_RESULTS = ROOT / "analysis" / "results" / "fig5_paper_length"
+#: the network the paper-length payoff is priced on: the emulated 1 Gbit/s cluster's calibration
+PAYOFF_NETWORK = ROOT / "analysis" / "results" / "network_profile" / "emulated_1gbit.json"
 
 
 def paper_length(overrides: list[str]) -> None:
@@ -36,7 +39,10 @@ def paper_length(overrides: list[str]) -> None:
     and cells (``analysis.figures.scale --stem fig5_paper_length``), and the gap to dense
     against coverage along training beside the grid's budget (``analysis.figures.budgets``:
     the archived ``fig5_scale`` runs), published to ``analysis/results/fig5_paper_length/``;
-    then the README's answer table (``analysis.readme``)."""
+    ``make payoff``'s verdicts at this length on the calibrated 1 Gbit/s profile
+    (``PAYOFF_NETWORK``) published beside them; then the README's answer table
+    (``analysis.readme``)."""
+    given = list(overrides)
     overrides = merged(["experiment=fig5_paper_length"], overrides)
     runs = first_job(overrides)[0]
     grid: list[str] = []
@@ -48,4 +54,15 @@ def paper_length(overrides: list[str]) -> None:
     steps.run([sys.executable, "-m", "analysis.figures.budgets", f"grid={SCALE_RESULTS / 'runs'}",
                f"paper_length={runs}", "--nodes", *axis(overrides, "nodes"), "--reducers", *axis(overrides, "reducer"),
                "--stem", f"{stem}_budgets", "--out", str(PAPER_LENGTH_RESULTS)])  # fmt: skip
+    started = time.time()
+    steps.run([sys.executable, "-m", "analysis.payoff", str(runs), "--network", str(PAYOFF_NETWORK),
+               "--out", str(runs / "analysis")])  # fmt: skip
+    publish.publish(
+        publish.destination(overrides, "fig5_paper_length", runs),
+        publish.outputs_of(runs / "analysis", ["payoff_verdicts", "payoff_versus"]),
+        publish.command("paper_length", [], given),
+        since=started,
+        inputs={"network_profile.json": PAYOFF_NETWORK},
+        run_roots=[runs],
+    )
     steps.run([sys.executable, "-m", "analysis.readme"])  # the README's answer table from the new table

@@ -134,3 +134,29 @@ def test_a_variant_of_a_reducer_is_a_cell_of_its_own(grid, tmp_path):
     finals = {r["curve"]: r["final_top1"] for _, r in out["table"][out["table"]["nodes"] == 4].iterrows()}
     assert finals["gtopk"] == pytest.approx(0.85) and finals["gtopk selection=sampled"] == pytest.approx(0.86)
     assert finals["gtopk rho=0.02"] == pytest.approx(0.87)
+
+
+def test_reproduce_paper_length_ends_with_the_payoff_and_the_readme(monkeypatch):
+    """``make reproduce-paper-length``'s analysis: the table, the budgets figure, the payoff
+    priced on the committed 1 Gbit/s calibration and published beside them, then the README's
+    answer table (issue 44 point 5)."""
+    from analysis import reproduce
+    from analysis.reproduce import at_scale, publish, steps
+
+    calls, published = [], []
+    monkeypatch.setattr(steps, "run", calls.append)
+    monkeypatch.setattr(publish, "publish", lambda dest, outputs, cmd, **kw: published.append((dest, outputs, cmd)))
+    reproduce.main(["paper_length", "nodes=32"])
+    assert [c[2] for c in calls] == [
+        "analysis.figures.scale",
+        "analysis.figures.budgets",
+        "analysis.payoff",
+        "analysis.readme",
+    ]
+    payoff = calls[2]
+    assert payoff[3] == "runs/fig5_paper_length"
+    assert payoff[payoff.index("--network") + 1] == str(at_scale.PAYOFF_NETWORK) and at_scale.PAYOFF_NETWORK.exists()
+    ((dest, outputs, cmd),) = published
+    assert dest == at_scale.PAPER_LENGTH_RESULTS
+    assert {"payoff_verdicts.txt", "payoff_versus.md", "payoff_versus.csv"} <= set(outputs)
+    assert cmd == "python -m analysis.reproduce paper_length nodes=32"
