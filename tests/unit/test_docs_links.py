@@ -81,3 +81,20 @@ def test_docs_are_reference_sized_and_name_no_commit():
 )  # fmt: skip
 def test_slug_is_githubs(heading, anchor):
     assert slug(heading) == anchor
+
+
+def test_every_result_file_is_named_in_a_document():
+    """Each committed artifact under analysis/results/ (run archives aside) is named in
+    docs/ or the README: by its file name, or by its folder when docs/results.md lists the
+    folder."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    results = ROOT / "analysis" / "results"
+    unnamed = [
+        str(f.relative_to(results))
+        for f in sorted(results.rglob("*"))
+        if f.is_file()
+        and "runs" not in f.relative_to(results).parts
+        and f.name not in text
+        and f"{f.parent.relative_to(results)}/" not in text
+    ]
+    assert not unnamed, unnamed
