@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.reducers import declared, ordered
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAPER = ROOT / "analysis" / "results" / "fig5_paper_length" / "fig5_paper_length_table.csv"
 GRID = ROOT / "analysis" / "results" / "fig5_scale" / "fig5_scale_table.csv"
 BEGIN = "<!-- answer table: python -m analysis.readme -->"
 END = "<!-- end of answer table -->"
-#: the reducers of the answer, in its order (labels without extra settings)
-REDUCERS = ("dense", "gtopk", "gtopk_exact", "topk")
 
 
 def _pct(x: float) -> str:
@@ -45,10 +45,9 @@ def _gap(row: pd.Series) -> str:
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the answer's reducers at their default settings (the label is the
-    reducer's name, its density and P: no other setting)."""
-    df = df[df["reducer"].isin(REDUCERS)].copy()
-    bare = df.apply(lambda r: len(str(r["label"]).split()) == (2 if r["reducer"] == "dense" else 3), axis=1)
+    """The rows of reducers at their default settings: the label is the reducer's name, its
+    density and P, no other setting (a variant such as ``selection=sampled`` is left out)."""
+    bare = df["label"].map(lambda lab: all(w.startswith(("rho=", "P=")) for w in str(lab).split()[1:]))
     return df[bare]
 
 
@@ -57,7 +56,7 @@ def answer_table(paper: Path = PAPER, grid: Path = GRID) -> str:
     final top-1, the gap to dense there and at the grid's budget, coverage, and the
     iterations to 99 % of dense's final top-1 per seed."""
     long, short = _plain(pd.read_csv(paper)), _plain(pd.read_csv(grid))
-    order = {r: i for i, r in enumerate(REDUCERS)}
+    order = {name: i for i, name in enumerate(ordered(long["reducer"]))}
     long = long.sort_values(["nodes", "reducer"], key=lambda s: s.map(order) if s.name == "reducer" else -s)
     lines = [
         "| P | reducer | seeds | iterations | final top-1 % | gap to dense, points | same cell at the grid's budget "
@@ -71,13 +70,14 @@ def answer_table(paper: Path = PAPER, grid: Path = GRID) -> str:
             at_grid = f"{_gap(s)} at {int(s['iterations']):,} it., coverage {s['coverage']:.3g}"
         else:
             at_grid = "not trained"
-        cov = "-" if r["reducer"] == "dense" or math.isnan(r["coverage"]) else f"{r['coverage']:.1f}"
+        reference = declared(r["reducer"]).exact_average  # dense: no gap, coverage is its iterations
+        cov = "-" if reference or math.isnan(r["coverage"]) else f"{r['coverage']:.1f}"
         final = _pct(r["final_top1"])
         if r["runs"] > 1:
             final += f" ({_pct(r['final_top1_min'])}-{_pct(r['final_top1_max'])})"
         lines.append(
             f"| {int(r['nodes'])} | {r['reducer_display']} | {r['runs']} ({r['seeds']}) | {int(r['iterations']):,} "
-            f"| {final} | {_gap(r)} | {at_grid if r['reducer'] != 'dense' else '-'} | {cov} "
+            f"| {final} | {_gap(r)} | {'-' if reference else at_grid} | {cov} "
             f"| {r['iterations_to_target_per_seed']} |"
         )
     return "\n".join(lines)
