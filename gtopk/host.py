@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import os
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -210,3 +213,14 @@ def scheduling(realtime: bool) -> None:
     policy, priority = (os.SCHED_FIFO, 10) if realtime else (os.SCHED_OTHER, 0)
     for tid in os.listdir("/proc/self/task"):
         os.sched_setscheduler(int(tid), policy, os.sched_param(priority))
+
+
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address (struct ifreq, address at byte 20)
+
+
+def interface_address(ifname: str) -> str:
+    """The IPv4 address of network interface ``ifname`` (Linux's ``SIOCGIFADDR``); OSError
+    where it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", ifname.encode()[:15]))
+    return socket.inet_ntoa(ifreq[20:24])

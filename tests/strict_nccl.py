@@ -41,6 +41,8 @@ import torch.distributed.distributed_c10d as c10d
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
+from gtopk.reducers import transport
+
 ROOT = Path(__file__).resolve().parent.parent
 #: this project's code: the frames whose factory calls must say where their tensor lives
 OURS = tuple(str(ROOT / d) + "/" for d in ("gtopk", "baselines"))
@@ -217,6 +219,8 @@ class NcclRules:
         for module in (dist, c10d):
             for name, fn in stand_ins.items():
                 self._patches.set(module, name, fn)
+        # the group is NCCL's to our code: the sparse rounds take torch.distributed's calls, as on a GPU
+        self._patches.set(transport, "backend_of", lambda group=None: "nccl")
         return self
 
     def __exit__(self, *_: Any) -> None:

@@ -52,7 +52,7 @@ def make_grads(case: Case, it: int, P: int) -> list[torch.Tensor]:
 
 def reference_step(case: Case, accs: list[torch.Tensor], P: int):
     k = k_for(case.density, case.m)
-    options = {n: v for n, v in case.options.items() if n != "align_timing"}  # timing only
+    options = {n: v for n, v in case.options.items() if n not in ("align_timing", "transport")}  # timing only
     if case.kind == "dense":
         return reference.dense(accs)
     if case.kind == "topk":

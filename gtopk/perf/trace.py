@@ -105,13 +105,17 @@ def call_events(events: Sequence[Event], start: float, end: float) -> list[Event
     return [*early, (start, START, 0, 0), *events[len(early) :], (end, END, 0, 0)]
 
 
-def critical_path(ranks: Sequence[Sequence[Event]], net: Network, collective_wire: float = 0.0) -> Breakdown:
+def critical_path(
+    ranks: Sequence[Sequence[Event]], net: Network, collective_wire: float = 0.0, eager: bool = False
+) -> Breakdown:
     """The critical path of one call (``ranks[i]``: rank i's events, on one clock: one
     START, after it all but receives posted early, END last). ``collective_wire``: the
     alpha-beta time of a backend collective's transfer (``COLL_DONE``); point-to-point
     transfers cost ``net.msg(bytes)``. A walk that reaches a receive posted before its
     rank's START stops there: from the first start to that post is skew (the rank was
-    still selecting)."""
+    still selecting). ``eager``: the sends were buffered (``gtopk.reducers.transport``'s
+    sockets: the trace's ``eager``): a send waits for no receive, so only a receive
+    gates on its partner, and a send alone is its rank's own work (writing to the kernel)."""
     P = len(ranks)
     starts = []
     for r, ev in enumerate(ranks):
@@ -130,6 +134,8 @@ def critical_path(ranks: Sequence[Sequence[Event]], net: Network, collective_wir
 
     for r, (done, _) in enumerate(ops):
         for i, op in done.items():
+            if eager and op.send:
+                continue
             if ranks[op.peer][mirror(r, op).posted][0] > ranks[r][i][0]:
                 raise ValueError("events are not on one clock: a message completed before its partner posted it")
     first = min(ev[at][0] for ev, at in zip(ranks, starts))
@@ -164,8 +170,14 @@ def critical_path(ranks: Sequence[Sequence[Event]], net: Network, collective_wir
                 gates.append((ranks[g][coll[g][n]][0], g, coll[g][n], collective_wire, ev[i][3]))
             else:
                 op = ops[rank][0][i]
+                if eager and op.send:
+                    continue
                 half = mirror(rank, op)
                 gates.append((ranks[op.peer][half.posted][0], op.peer, half.posted, net.msg(op.nbytes), op.nbytes))
+        if not gates:  # a buffered send: this rank's own work
+            add("software", t_end - ev[k - 1][0], rank)
+            k -= 1
+            continue
         gate, peer, at, cost, nbytes = max(gates)
         start = gate if gate > waited else waited
         length = t_end - start

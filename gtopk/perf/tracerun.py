@@ -151,7 +151,7 @@ def trace_worker(rank: int, P: int, cfg: dict, alpha: float, beta: float) -> lis
                 everyone: list = [None] * P
                 dist.all_gather_object(everyone, events)
                 if rank == 0 and step >= cfg["warmup"]:
-                    b = critical_path(everyone, net, collective_wire=topk_time(P, k, m, net))
+                    b = critical_path(everyone, net, collective_wire=topk_time(P, k, m, net), eager=trace.eager)
                     bound = predict_commu(rcfg, P, m, net)
                     rows.append(
                         {"reducer": name, "m": m, "k": k, "nodes": P, "step": step}

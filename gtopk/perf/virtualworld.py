@@ -9,7 +9,7 @@ own reducer and buffers; what a rank receives is what its partner sent. Stood in
 ``batch_isend_irecv`` (matched messages between the threads); ``all_gather``/
 ``all_reduce``/``all_gather_object``/``barrier`` (one recorded call per rank, computed in
 rank order: the backend's own algorithm inside is not run); ``is_initialized``/
-``get_world_size``/``get_rank``/``get_global_rank``. Any other call reaches the real,
+``get_world_size``/``get_rank``/``get_global_rank``/``get_backend``. Any other call reaches the real,
 uninitialised ``torch.distributed`` and fails.
 
 Messages: sender and receiver buffers must have the same size; a rank may not message
@@ -261,6 +261,7 @@ class RecordedWorld(CooperativeRanks):
             "get_world_size": lambda group=None: world.P,
             "get_rank": lambda group=None: world.rank,
             "get_global_rank": lambda group, group_rank: group_rank,
+            "get_backend": lambda group=None: "recorded",  # not gloo: the rounds take the calls above
             "send": self.send,
             "recv": self.recv,
             "isend": self.isend,

@@ -90,6 +90,7 @@ from torch import Tensor
 
 from gtopk.host import Clock
 from gtopk.reducers.outcome import ReduceRecord
+from gtopk.reducers.transport import TRANSPORTS, SocketTransport, uses_sockets
 
 if TYPE_CHECKING:
     from gtopk.reducers.backward import Backward
@@ -367,6 +368,30 @@ class SparseReducer(Reducer):
         self.density = density  # validated by the setter, before anything else
         super().__init__(group, align_timing)
         self.feedback = ErrorFeedback()
+        self._sockets: SocketTransport | None = None
+
+    #: the transport of a reducer's own point-to-point rounds (gTop-k's, Ok-Topk's): ``auto``
+    #: (sockets for CPU tensors on a gloo group, else the backend's calls), ``socket`` or
+    #: ``backend`` (``torch.distributed``'s send/recv); ``gtopk.reducers.transport``
+    transport: str = "auto"
+
+    def _set_transport(self, transport: str) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(
+                f"reducer.transport={transport!r} is unknown; choose one of {', '.join(TRANSPORTS)} "
+                "(auto: sockets for CPU tensors on gloo, the backend's calls on NCCL)"
+            )
+        self.transport = transport
+
+    def p2p_transport(self, device: torch.device) -> SocketTransport | None:
+        """The ``SocketTransport`` the rounds of a reduce on ``device`` use, None for the
+        backend's own calls. Collective the first time it makes one (its constructor): every
+        rank of the group calls it at the same point of the same ``reduce``."""
+        if not self.distributed or device.type != "cpu" or not uses_sockets(self.transport, self.group):
+            return None
+        if self._sockets is None:
+            self._sockets = SocketTransport(self.group)
+        return self._sockets
 
     def state_dict(self) -> dict[str, Tensor | None]:
         """Local. ``{"residual": copy of this rank's residual, or None before the first step}``."""

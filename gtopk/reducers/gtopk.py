@@ -35,8 +35,9 @@ PUTBACKS = ("index", "exact")
 class GTopKReducer(SparseReducer):
     """Global top-k: local exact top-k with error feedback, then the k-entry sparse
     vectors are merged (sum at shared indices, keep the k largest |value|, ties to the
-    smaller index) over ``dist.send``/``dist.recv``/``batch_isend_irecv`` (collective as a
-    whole: every rank must call ``reduce``).
+    smaller index) over point-to-point messages (collective as a whole: every rank must call
+    ``reduce``): on the CPU over the rounds' own sockets (``transport``, see
+    ``SparseReducer``), on CUDA ``dist.send``/``dist.recv``/``batch_isend_irecv``.
 
     algorithm:
       ``tree``: binomial tree to rank 0 (ceil(log2 P) rounds), then binomial broadcast.
@@ -79,6 +80,7 @@ class GTopKReducer(SparseReducer):
         selection: str = "exact",
         sample_ratio: float = SAMPLE_RATIO,
         max_refine: int = MAX_REFINE,
+        transport: str = "auto",
     ):
         self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selection
         if algorithm not in ALGORITHMS:
@@ -86,6 +88,7 @@ class GTopKReducer(SparseReducer):
         if putback not in PUTBACKS:
             raise ValueError(f"reducer.putback={putback!r} is unknown; choose one of {', '.join(PUTBACKS)}")
         super().__init__(density, group, align_timing)
+        self._set_transport(transport)  # the rounds' sockets or the backend's calls (``SparseReducer``)
         self.algorithm = algorithm
         self.putback = putback
         self.selection = selection
@@ -160,7 +163,7 @@ class GTopKReducer(SparseReducer):
         self._k, self._rec, self._clock = k, rec, clock
         self._drops = [] if self.diagnostics and self.putback == "index" else None
         t0 = clock()
-        p2p = PointToPoint(rec, self.peer, self.group, self.trace)
+        p2p = PointToPoint(rec, self.peer, self.group, self.trace, self.p2p_transport(grad.device))
         codec = SparseCodec(k, m, grad.device)
         p2p.post_early(self._first_receives(codec), codec.empty)  # the selection hides them
         acc = self.feedback.accumulate(grad)

@@ -14,6 +14,11 @@ before the round (``gtopk.reducers.schedules``); ``wait`` completes it. For CUDA
 ``exchange``'s batch: NCCL runs the operations between two ranks in order, so a receive
 posted ahead of a send to the same peer would hold that send back.
 
+**Transport.** With a ``SocketTransport`` (``gtopk.reducers.transport``: the CPU's
+default, ``transport=auto``) the messages of CPU tensors travel over its sockets, in the
+same bytes, instead of gloo's pairs: a send needs no posted receive and no network thread.
+Without one (CUDA, or ``transport=backend``) they are ``torch.distributed``'s calls.
+
 **Tracing** (``RoundTrace``, off by default): with a trace, every call appends its events,
 read on the rank's clock (``gtopk.host.Clock``: ``time.perf_counter``, the host's monotonic
 clock, shared by every process of one machine; virtual seconds under time dilation).
@@ -30,6 +35,7 @@ from torch import Tensor
 from gtopk.host import Clock
 from gtopk.reducers.costmodel import index_bytes
 from gtopk.reducers.outcome import ReduceRecord
+from gtopk.reducers.transport import SocketTransport
 
 
 class SparseCodec:
@@ -115,11 +121,14 @@ class RoundTrace:
     seconds, kind, a, b) tuples (the kinds above). Local; a reducer or a schedule appends
     to it through ``PointToPoint``; ``gtopk.perf.trace`` analyses it."""
 
-    __slots__ = ("clock", "events")
+    __slots__ = ("clock", "events", "eager")
 
     def __init__(self, clock: Clock | None = None):
         self.clock = clock or Clock(torch.device("cpu"))
         self.events: list[tuple[float, str, int, int]] = []
+        #: the messages went over a buffering transport (``SocketTransport``: a send waits for no
+        #: receive), set by ``PointToPoint``; ``gtopk.perf.trace.critical_path``'s ``eager``
+        self.eager = False
 
     def __call__(self, kind: str, a: int = 0, b: int = 0) -> None:
         self.events.append((self.clock(), kind, a, b))
@@ -149,11 +158,21 @@ class PointToPoint:
     recorded).
     """
 
-    def __init__(self, rec: ReduceRecord, to_global, group: dist.ProcessGroup | None, trace: RoundTrace | None = None):
+    def __init__(
+        self,
+        rec: ReduceRecord,
+        to_global,
+        group: dist.ProcessGroup | None,
+        trace: RoundTrace | None = None,
+        transport: SocketTransport | None = None,
+    ):
         self.rec = rec
         self.to_global = to_global
         self.group = group
         self.trace = trace
+        self.transport = transport
+        if trace is not None and transport is not None:
+            trace.eager = True
         self._early: dict[int, list[Pending]] = {}
 
     def post_early(self, receives: list[tuple[int, int]], new_buf) -> None:
@@ -178,7 +197,7 @@ class PointToPoint:
         nbytes = buf.numel() * buf.element_size()
         if self.trace is not None:
             self.trace(POST_SEND, dst, nbytes)
-        dist.send(buf, dst=self.to_global(dst), group=self.group)
+        self._isend(buf, dst).wait()
         if self.trace is not None:
             self.trace(SENT, dst, nbytes)
         self.rec.messages_sent += 1
@@ -202,7 +221,10 @@ class PointToPoint:
     def _post(self, pending: Pending) -> None:
         if self.trace is not None:
             self.trace(POST_RECV, pending.src, pending.buf.numel() * pending.buf.element_size())
-        pending.work = dist.irecv(pending.buf, src=self.to_global(pending.src), group=self.group)
+        if self.transport is not None and not pending.buf.is_cuda:
+            pending.work = self.transport.irecv(pending.buf, pending.src)
+        else:
+            pending.work = dist.irecv(pending.buf, src=self.to_global(pending.src), group=self.group)
 
     def wait(self, pending: Pending) -> Tensor:
         """The buffer of a posted receive, once it holds the message."""
@@ -233,7 +255,7 @@ class PointToPoint:
         else:
             if pending.work is None:
                 self._post(pending)
-            works = [dist.isend(sendbuf, dst=self.to_global(peer), group=self.group), pending.work]
+            works = [self._isend(sendbuf, peer), pending.work]
         for work in works:
             work.wait()
         if self.trace is not None:
@@ -243,3 +265,26 @@ class PointToPoint:
         self.rec.bytes_sent += nbytes
         self.rec.bytes_recv += pending.buf.numel() * pending.buf.element_size()
         return pending.buf
+
+    def _isend(self, buf: Tensor, dst: int):
+        """A send posted to ``dst`` (the transport's for CPU tensors when there is one)."""
+        if self.transport is not None and not buf.is_cuda:
+            return self.transport.isend(buf, dst)
+        return dist.isend(buf, dst=self.to_global(dst), group=self.group)
+
+    def sendrecv(self, sendbuf: Tensor | None, dst: int, recvbuf: Tensor | None, src: int) -> None:
+        """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src`` at once (either
+        may be None); ``dst`` and ``src`` make the mirror calls. Not counted: the caller counts."""
+        some = sendbuf if sendbuf is not None else recvbuf
+        if some is None:
+            return
+        if self.transport is not None and not some.is_cuda:
+            works = [self.transport.irecv(recvbuf, src)] if recvbuf is not None else []
+            works += [self.transport.isend(sendbuf, dst)] if sendbuf is not None else []
+        else:
+            ops = [dist.P2POp(dist.isend, sendbuf, self.to_global(dst), self.group)] if sendbuf is not None else []
+            if recvbuf is not None:
+                ops.append(dist.P2POp(dist.irecv, recvbuf, self.to_global(src), self.group))
+            works = dist.batch_isend_irecv(ops)
+        for work in works:
+            work.wait()

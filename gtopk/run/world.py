@@ -7,19 +7,18 @@ group (``gtopk.run.pool``), ``spawn``, jobs and netbench build on it.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
 import re
 import socket
-import struct
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from gtopk.host import local_gpu
+from gtopk.host import interface_address, local_gpu
+from gtopk.reducers import transport
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:: |$)")  # "pkg.mod.SomeError: message"
 #: a collective that waited past its timeout: gloo ("Timed out waiting ... for recv"), NCCL's
@@ -77,7 +76,6 @@ def threads_per_worker(nprocs: int) -> int:
 #: gloo binds the address the hostname resolves to (on a cloud VM: its LAN address) and
 #: NCCL the first interface that is not loopback
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address (struct ifreq, address at byte 20)
 
 
 def is_loopback(address: str) -> bool:
@@ -97,15 +95,13 @@ def loopback_ifname() -> str:
     loopback one (``lo`` on Linux). Falls back to ``lo`` where none is found that way (no
     ``if_nameindex`` or ``SIOCGIFADDR``): the Linux name, which is all this project runs on."""
     try:
-        names = [name for _, name in socket.if_nameindex()]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for name in names:
-                try:
-                    ifreq = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-                except OSError:  # no IPv4 address (down, or IPv6 only)
-                    continue
-                if is_loopback(socket.inet_ntoa(ifreq[20:24])):
-                    return name
+        for _, name in socket.if_nameindex():
+            try:
+                address = interface_address(name)
+            except OSError:  # no IPv4 address (down, or IPv6 only)
+                continue
+            if is_loopback(address):
+                return name
     except OSError:
         pass
     return "lo"
@@ -176,3 +172,4 @@ def set_collective_timeout(seconds: float) -> None:
     of GPU clusters often lag) have it as ``distributed_c10d._set_pg_timeout``."""
     set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
     set_timeout(timedelta(seconds=seconds))
+    transport.TIMEOUT_S = float(seconds)  # the sparse rounds' sockets wait as long

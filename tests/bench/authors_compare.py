@@ -9,7 +9,7 @@ the all-reduce. A timed call starts after a barrier; its time is the slowest ran
   ``allreducer.gtopk_sparse_allreduce``, fed as their caller feeds it (int64 indices in
   ``torch.topk``'s order, float32 values, one ``storage`` dict); ``allreducer.py`` imports
   torch, which the function does not use: where it is missing an empty module stands in.
-* ``ours`` (gloo on loopback, ``gtopk.run.spawn``): ``GTopKReducer`` (tree, the paper's
+* ``ours`` (a gloo group on loopback, ``gtopk.run.spawn``; ``--transport``: the rounds' own sockets, ``auto``, or gloo's send/recv, ``backend``): ``GTopKReducer`` (tree, the paper's
   put-back); all-reduce = t_commu of a call with ``align_timing``, selection = t_compr of one
   without (residual add, selection, put-back). With ``--authors`` the same ranks also time
   their selection, ``compression.py``'s ``gTopKCompressor.compress``, in turn.
@@ -133,7 +133,9 @@ def run_authors(a) -> None:
         write(a.out, a.stem, info, *first)
 
 
-def ours_worker(rank: int, P: int, m: int, density: float, warmup: int, calls: int, authors: str | None):
+def ours_worker(
+    rank: int, P: int, m: int, density: float, warmup: int, calls: int, authors: str | None, transport: str = "auto"
+):
     """Collective (gloo): our tree gTopKAllReduce, and with ``authors`` their selection, in turn.
     On rank 0: (timings, input digests, result digests, first result)."""
     import torch
@@ -143,8 +145,9 @@ def ours_worker(rank: int, P: int, m: int, density: float, warmup: int, calls: i
 
     x = torch.from_numpy(dense_input(m, rank))
     k = k_of(m, density)
-    aligned = GTopKReducer(density, algorithm="tree", putback="index", align_timing=True)  # t_commu
-    plain = GTopKReducer(density, algorithm="tree", putback="index")  # t_compr and the call, as in training
+    tree = {"algorithm": "tree", "putback": "index", "transport": transport}
+    aligned = GTopKReducer(density, align_timing=True, **tree)  # t_commu
+    plain = GTopKReducer(density, **tree)  # t_compr and the call, as in training
     theirs = load_compressor(authors) if authors else None
     cols = ("commu", "compr", "call", "their_selection")
     times: dict[str, list[float]] = {c: [] for c in cols}
@@ -188,9 +191,17 @@ def ours_worker(rank: int, P: int, m: int, density: float, warmup: int, calls: i
 def run_ours(a) -> None:
     from gtopk.run.spawn import spawn
 
-    args = (a.m, a.density, a.warmup, a.calls, a.authors)
+    args = (a.m, a.density, a.warmup, a.calls, a.authors, a.transport)
     times, inputs, results, first = spawn(ours_worker, a.P, args, timeout=1800)[0]
-    info = {"side": "ours", "m": a.m, "P": a.P, "k": k_of(a.m, a.density), "inputs": inputs, "result": results[0]}
+    info = {
+        "side": "ours",
+        "transport": a.transport,
+        "m": a.m,
+        "P": a.P,
+        "k": k_of(a.m, a.density),
+        "inputs": inputs,
+        "result": results[0],
+    }
     info |= {"ranks_agree": len(set(results)) == 1, "allreduce_ms": summary(times["commu"])}
     names = {"compr": "selection_ms", "call": "call_ms", "their_selection": "their_selection_ms"}
     info |= {names[c]: summary(ts) for c, ts in times.items() if ts and c in names}
@@ -245,7 +256,7 @@ def run_side(a, side: str, m: int, P: int, stem: str) -> dict:
     common = ["--side", side, "--m", str(m), "--density", str(a.density), "--warmup", str(a.warmup)]
     common += ["--calls", str(a.calls), "--authors", a.authors, "--out", a.out, "--stem", stem]
     if side == "ours":
-        run_ours(parse(common + ["--P", str(P)]))
+        run_ours(parse(common + ["--P", str(P), "--transport", a.transport]))
     else:
         cmd = [*a.mpirun.split(), "-np", str(P), a.mpi_python, "-m", "tests.bench.authors_compare", *common]
         subprocess.run(cmd, env=os.environ | {"PYTHONPATH": str(ROOT)}, check=True)
@@ -284,6 +295,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/authors_compare")
     ap.add_argument("--stem", default="run", help="ours/authors: the output files' name")
     ap.add_argument("--mpirun", default="mpirun --allow-run-as-root --oversubscribe", help="+ '--mca btl self,tcp'...")
+    ap.add_argument("--transport", default="auto", help="ours: the rounds' transport (reducer.transport)")
     ap.add_argument("--mpi-python", default=sys.executable, help="a Python with mpi4py and NumPy")
     a = ap.parse_args(argv)
     a.m, a.P = a.ms[0], a.nodes[0]

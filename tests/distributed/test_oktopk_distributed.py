@@ -18,6 +18,7 @@ from gtopk.reducers.oktopk import OkTopKReducer
 from gtopk.reducers.oktopk.cost import entry_bytes
 from gtopk.reducers.oktopk.reference import OkTopKSpec
 from gtopk.reducers.oktopk.regions import SENTINEL
+from gtopk.reducers.transport import SocketTransport
 from gtopk.run.spawn import spawn
 
 RECORD = ("selected", "bytes_sent", "bytes_recv", "messages_sent", "payload_bytes")
@@ -60,6 +61,7 @@ class Spy:
         self.P, self.e = P, e
         self.traffic, self.passed, self.padding = Traffic(), 0, 0
         self.saved = {n: getattr(dist, n) for n in ("all_gather", "all_reduce", "batch_isend_irecv")}
+        self.saved_sockets = {n: getattr(SocketTransport, n) for n in ("isend", "irecv")}
 
     def __enter__(self) -> Spy:
         def all_gather(out, tensor, group=None, async_op=False):
@@ -84,12 +86,24 @@ class Spy:
                 self.passed += n if send else 0
             return self.saved["batch_isend_irecv"](ops)
 
+        def on_socket(name: str, send: bool):  # the rotations' own transport (the CPU's default)
+            def call(transport, buf, peer):
+                n = buf.numel() * buf.element_size()
+                self.traffic = self.traffic + Traffic(int(send), n if send else 0, 0 if send else n)
+                self.passed += n if send else 0
+                return self.saved_sockets[name](transport, buf, peer)
+
+            return call
+
         dist.all_gather, dist.all_reduce, dist.batch_isend_irecv = all_gather, all_reduce, batch_isend_irecv
+        SocketTransport.isend, SocketTransport.irecv = on_socket("isend", True), on_socket("irecv", False)
         return self
 
     def __exit__(self, *exc) -> None:
         for n, f in self.saved.items():
             setattr(dist, n, f)
+        for n, f in self.saved_sockets.items():
+            setattr(SocketTransport, n, f)
 
 
 def run_real(rank: int, P: int, cases: list[Case]) -> list[list[dict]]:

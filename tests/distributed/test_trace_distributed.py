@@ -21,36 +21,46 @@ from tests.config import ROOT
 pytestmark = pytest.mark.slow
 
 M, DENSITY = 3000, 0.01  # k = 30
-SETTINGS = [("tree", "index"), ("recursive_doubling", "index"), ("recursive_doubling", "exact")]
+#: (algorithm, putback, transport): the rounds' own sockets (gloo's default) and gloo's calls
+SETTINGS = [
+    ("tree", "index", "auto"),
+    ("recursive_doubling", "index", "auto"),
+    ("recursive_doubling", "exact", "auto"),
+    ("tree", "index", "backend"),
+    ("recursive_doubling", "exact", "backend"),
+]
 
 
 def traced_and_plain(rank: int, P: int) -> list[dict]:
     """Per setting, two calls on the same gradient with fresh reducers, traced and not."""
     out = []
     grad = torch.randn(M, generator=torch.Generator().manual_seed(rank))
-    for algorithm, putback in SETTINGS:
-        plain = GTopKReducer(DENSITY, algorithm=algorithm, putback=putback)
+    for algorithm, putback, transport in SETTINGS:
+        plain = GTopKReducer(DENSITY, algorithm=algorithm, putback=putback, transport=transport)
         want, _ = plain.reduce(grad.clone())
-        traced = GTopKReducer(DENSITY, algorithm=algorithm, putback=putback)
+        traced = GTopKReducer(DENSITY, algorithm=algorithm, putback=putback, transport=transport)
         traced.trace = RoundTrace()
         got, rec = traced.reduce(grad.clone())
         s0, s1 = traced.commu_span
         events = call_events(traced.trace.take(), s0, s1)
-        out.append({"same": torch.equal(want, got), "events": events, "bytes_sent": rec.bytes_sent})
+        eager = traced.trace.eager
+        out.append({"same": torch.equal(want, got), "events": events, "bytes_sent": rec.bytes_sent, "eager": eager})
     return out
 
 
 def test_traces_of_real_ranks_line_up_and_change_nothing():
     P = 3
     ranks = spawn(traced_and_plain, P, timeout=300)
-    for n, (algorithm, putback) in enumerate(SETTINGS):
+    for n, (algorithm, putback, transport) in enumerate(SETTINGS):
         calls = [r[n] for r in ranks]
         assert all(c["same"] for c in calls), (algorithm, putback)
+        assert all(c["eager"] == (transport == "auto") for c in calls)  # sockets buffer, gloo does not
         for c in calls:
             assert sum(e[3] for e in c["events"] if e[1] == POST_SEND) == c["bytes_sent"]
         if algorithm == "tree":  # root: 2 rounds up, 2 down; rank 1 (a leaf): one each way
             assert [sum(e[1] == ROUND for e in c["events"]) for c in calls][:2] == [4, 2]
-        b = critical_path([c["events"] for c in calls], Network(alpha=1e-5, beta=1e-9))  # raises off one clock
+        events, eager = [c["events"] for c in calls], calls[0]["eager"]
+        b = critical_path(events, Network(alpha=1e-5, beta=1e-9), eager=eager)  # raises off one clock
         # how many messages the path waits for depends on the timing (a message that arrived
         # before its receive was posted costs the receiver nothing): at most those sent
         sent = sum(e[1] == POST_SEND for c in calls for e in c["events"])

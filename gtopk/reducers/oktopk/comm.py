@@ -28,8 +28,10 @@ from gtopk.reducers.wire import PointToPoint, SparseCodec
 class Comm(PointToPoint):
     """One rank's side of Ok-Topk's communication in one ``reduce``."""
 
-    def __init__(self, rec: ReduceRecord, to_global, group, P: int, rank: int, m: int, device: torch.device):
-        super().__init__(rec, to_global, group)
+    def __init__(
+        self, rec: ReduceRecord, to_global, group, P: int, rank: int, m: int, device: torch.device, transport=None
+    ):
+        super().__init__(rec, to_global, group, transport=transport)
         self.P, self.rank, self.m, self.device = P, rank, m, device
         self.entry = entry_bytes(m)
         #: counts travel as wide as an index (``oktopk_cost.count_bytes``)
@@ -85,16 +87,13 @@ class Comm(PointToPoint):
         steps = sorted({(d - me) % P for d in outgoing} | {(me - s) % P for s in incoming})
         for s in steps:
             dst, src = (me + s) % P, (me - s) % P
-            ops, buf = [], None
+            data = buf = None
             if dst in outgoing:
                 data = self.codec(outgoing[dst][0].numel()).pack(*outgoing[dst])
-                ops.append(dist.P2POp(dist.isend, data, self.to_global(dst), self.group))
                 self._count_send(data)
             if src in incoming:
                 buf = self.codec(incoming[src]).empty()
-                ops.append(dist.P2POp(dist.irecv, buf, self.to_global(src), self.group))
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+            self.sendrecv(data, dst, buf, src)
             if buf is not None:
                 self.rec.bytes_recv += buf.numel()
                 got[src] = self.codec(incoming[src]).unpack(buf)

@@ -104,6 +104,7 @@ class OkTopKReducer(SparseReducer):
         align_timing: bool = False,
         sample_ratio: float = SAMPLE_RATIO,
         max_refine: int = MAX_REFINE,
+        transport: str = "auto",
     ):
         self.selector = Selector(selection, sample_ratio, max_refine)  # gtopk.reducers.selection
         self.threshold_period = _period(
@@ -114,6 +115,7 @@ class OkTopKReducer(SparseReducer):
         )
         self.selection = selection
         super().__init__(density, group, align_timing)
+        self._set_transport(transport)  # its rotations' sockets or the backend's calls (``SparseReducer``)
         self.step, self.k_chosen = 0, -1
         self.local_threshold: Tensor | None = None
         self.global_threshold: Tensor | None = None
@@ -173,7 +175,7 @@ class OkTopKReducer(SparseReducer):
         vals = acc[sel]
         t1 = clock()
         t1c = self._commu_start(clock)
-        comm = Comm(rec, self.peer, self.group, P, me, m, grad.device)
+        comm = Comm(rec, self.peer, self.group, P, me, m, grad.device, self.p2p_transport(grad.device))
         with one_thread(grad.device.type == "cpu"):  # short ops on k-sized tensors (as gTop-k's merges)
             (final_idx, final_val), glob, bounds = self._aggregate(comm, sel, vals, k, exact, rec, clock)
         t2 = self._commu_end(clock)  # every rank holds the final entries
