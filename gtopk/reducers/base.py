@@ -387,9 +387,11 @@ class SparseReducer(Reducer):
         """The ``SocketTransport`` the rounds of a reduce on ``device`` use, None for the
         backend's own calls. Collective the first time it makes one (its constructor): every
         rank of the group calls it at the same point of the same ``reduce``."""
-        if not self.distributed or device.type != "cpu" or not uses_sockets(self.transport, self.group):
+        if device.type != "cpu":
             return None
-        if self._sockets is None:
+        if self._sockets is None:  # made once, on the first reduce that takes it
+            if not self.distributed or not uses_sockets(self.transport, self.group):
+                return None
             self._sockets = SocketTransport(self.group)
         return self._sockets
 

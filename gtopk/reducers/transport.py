@@ -73,23 +73,9 @@ def local_address() -> str:
         return s.getsockname()[0]
 
 
-class _Recv:
-    """A posted receive: ``wait`` returns once ``buf`` holds the whole message."""
-
-    __slots__ = ("transport", "peer", "view", "got")
-
-    def __init__(self, transport: SocketTransport, peer: int, buf: Tensor):
-        self.transport, self.peer, self.view, self.got = transport, peer, memoryview(buf.numpy()).cast("B"), 0
-
-    def done(self) -> bool:
-        return self.got == len(self.view)
-
-    def wait(self) -> None:
-        self.transport._progress(self)
-
-
-class _Send:
-    """A posted send: ``wait`` returns once the kernel holds every byte of it."""
+class _Message:
+    """A posted send or receive of one message: ``wait`` returns once every byte of ``buf``
+    is in the kernel (a send) or has arrived in ``buf`` (a receive)."""
 
     __slots__ = ("transport", "peer", "view", "got")
 
@@ -138,24 +124,24 @@ class SocketTransport:
             s.settimeout(None)  # blocking; every data call passes MSG_DONTWAIT
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._fd = {s.fileno(): p for p, s in self.peers.items()}
-        self._recvs: dict[int, deque[_Recv]] = {p: deque() for p in self.peers}
-        self._sends: dict[int, deque[_Send]] = {p: deque() for p in self.peers}
+        self._recvs: dict[int, deque[_Message]] = {p: deque() for p in self.peers}
+        self._sends: dict[int, deque[_Message]] = {p: deque() for p in self.peers}
         self._finalizer = weakref.finalize(self, _close_all, list(self.peers.values()))
 
     def close(self) -> None:
         """Local. Close every connection (also when the transport is garbage-collected)."""
         _close_all(list(self.peers.values()))
 
-    def irecv(self, buf: Tensor, src: int) -> _Recv:
+    def irecv(self, buf: Tensor, src: int) -> _Message:
         """Post a receive of ``buf``'s bytes from ``src`` (nothing is called on the socket)."""
-        r = _Recv(self, src, buf)
+        r = _Message(self, src, buf)
         self._recvs[src].append(r)
         return r
 
-    def isend(self, buf: Tensor, dst: int) -> _Send:
+    def isend(self, buf: Tensor, dst: int) -> _Message:
         """Post a send of ``buf``'s bytes (contiguous, CPU) to ``dst``: written at once as far
         as the kernel takes them; ``wait`` writes the rest."""
-        s = _Send(self, dst, buf)
+        s = _Message(self, dst, buf)
         q = self._sends[dst]
         q.append(s)
         if len(q) == 1:
@@ -203,7 +189,7 @@ class SocketTransport:
             q.popleft()
         return moved
 
-    def _progress(self, call: _Recv | _Send) -> None:
+    def _progress(self, call: _Message) -> None:
         """Move every posted message along until ``call`` is done; raise if nothing moves for
         ``TIMEOUT_S``."""
         while not call.done():
