@@ -19,12 +19,15 @@ VARIANTS ?=
 REPRODUCE = $(PY) -m analysis.reproduce
 
 .DEFAULT_GOAL := help
-.PHONY: help setup fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale reproduce-paper-length payoff validate-model fidelity
+.PHONY: help setup native fashion-mnist lint format test test-all test-slow test-gpu bench wandb-sync wandb-export wandb-report clean-venv reproduce-fig6 reproduce-fig6-baselines reproduce-table4 reproduce-breakdown reproduce-fig5 reproduce-all reproduce-scale reproduce-paper-length payoff validate-model fidelity
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
-setup: $(STAMP) fashion-mnist  ## Create .venv from requirements.lock (idempotent); Fashion-MNIST as root
+setup: $(STAMP) native fashion-mnist  ## Create .venv from requirements.lock (idempotent); the compiled rounds; Fashion-MNIST as root
+
+native: $(STAMP)  ## Build gTop-k's compiled rounds (gtopk/reducers/native; a warning where no C++ compiler works)
+	@$(PY) -m gtopk.reducers.native
 
 # data=fashion_mnist reads the IDX files of Debian's package dataset-fashion-mnist. Installed
 # here when missing and the machine allows it (root with apt-get); otherwise one line says how.

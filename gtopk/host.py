@@ -126,6 +126,23 @@ def _pace(d: int) -> float:
         return wall
 
 
+def pacing_state() -> list[float]:
+    """This process's pacing state for code that paces itself (``gtopk.reducers.native``):
+    [wall at the last dilated reading (-1: none yet), CPU per thread then, credit, overrun]."""
+    p = _pacing
+    with p.lock:
+        last = p.last or (-1.0, 0.0)
+        return [last[0], last[1], p.credit, p.overrun]
+
+
+def set_pacing_state(state) -> None:
+    """Take over the pacing state that such code leaves (``pacing_state``'s four numbers)."""
+    p = _pacing
+    with p.lock:
+        p.last = None if state[0] < 0 else (float(state[0]), float(state[1]))
+        p.credit, p.overrun = float(state[2]), float(state[3])
+
+
 def sleep(seconds: float) -> None:
     """Sleep ``seconds`` of virtual time (``seconds`` x D on the wall)."""
     if seconds > 0:

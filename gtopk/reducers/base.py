@@ -89,6 +89,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gtopk.host import Clock
+from gtopk.reducers import native
+from gtopk.reducers import transport as tcp
 from gtopk.reducers.outcome import ReduceRecord
 from gtopk.reducers.transport import TRANSPORTS, SocketTransport, uses_sockets
 
@@ -221,7 +223,7 @@ class Reducer(ABC):
     def _commu_start(self, clock: Clock) -> float:
         """Collective when ``align_timing``. The clock reading that starts t_commu."""
         if self.align_timing and self.distributed:
-            dist.barrier(group=self.group)
+            self._align()
         t = clock()
         self.commu_span = (t, t)
         return t
@@ -232,8 +234,12 @@ class Reducer(ABC):
         t = clock()
         self.commu_span = (self.commu_span[0], t)
         if self.align_timing and self.distributed:
-            dist.barrier(group=self.group)
+            self._align()
         return t
+
+    def _align(self) -> None:
+        """Collective. The barrier of ``align_timing`` (the backend's)."""
+        dist.barrier(group=self.group)
 
     def peer(self, group_rank: int) -> int:
         """Global rank of a rank of this reducer's group (for point-to-point calls)."""
@@ -371,17 +377,34 @@ class SparseReducer(Reducer):
         self._sockets: SocketTransport | None = None
 
     #: the transport of a reducer's own point-to-point rounds (gTop-k's, Ok-Topk's): ``auto``
-    #: (sockets for CPU tensors on a gloo group, else the backend's calls), ``socket`` or
-    #: ``backend`` (``torch.distributed``'s send/recv); ``gtopk.reducers.transport``
+    #: (sockets for CPU tensors on a gloo group, gTop-k's tree compiled where it builds, else
+    #: the backend's calls), ``native`` (sockets, gTop-k's tree compiled: ``gtopk.reducers.native``),
+    #: ``socket`` (sockets, every round in Python) or ``backend`` (``torch.distributed``'s
+    #: send/recv); ``gtopk.reducers.transport``
     transport: str = "auto"
 
     def _set_transport(self, transport: str) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(
                 f"reducer.transport={transport!r} is unknown; choose one of {', '.join(TRANSPORTS)} "
-                "(auto: sockets for CPU tensors on gloo, the backend's calls on NCCL)"
+                "(auto: sockets for CPU tensors on gloo, compiled rounds where they build; the backend's calls on NCCL)"
             )
         self.transport = transport
+
+    def _align(self) -> None:
+        """Collective. The barrier of ``align_timing``: over the rounds' sockets, compiled
+        (``gtopk.reducers.native.barrier``: its ranks leave it together, where gloo's barrier
+        lets them go up to hundreds of microseconds apart, all counted in t_commu), once they
+        exist and where the compiled rounds may be used; else the backend's."""
+        s = self._sockets
+        if s is None or self.transport not in ("auto", "native") or not s.idle() or native.why_unavailable():
+            return super()._align()
+        native.barrier(
+            s.fds(),
+            s.rank,
+            timeout_s=tcp.TIMEOUT_S,
+            spin_s=native.spin_seconds(s.world),
+        )
 
     def p2p_transport(self, device: torch.device) -> SocketTransport | None:
         """The ``SocketTransport`` the rounds of a reduce on ``device`` use, None for the

@@ -8,8 +8,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gtopk import host
 from gtopk.host import Clock
-from gtopk.reducers import reference
+from gtopk.reducers import native, reference
+from gtopk.reducers import transport as tcp
 from gtopk.reducers.base import SparseReducer
 from gtopk.reducers.costmodel import Network, gtopk_time
 from gtopk.reducers.outcome import ReduceRecord
@@ -89,11 +91,17 @@ class GTopKReducer(SparseReducer):
             raise ValueError(f"reducer.putback={putback!r} is unknown; choose one of {', '.join(PUTBACKS)}")
         super().__init__(density, group, align_timing)
         self._set_transport(transport)  # the rounds' sockets or the backend's calls (``SparseReducer``)
+        if transport == "native" and native.why_unavailable():
+            raise ValueError(
+                f"reducer.transport=native: the compiled rounds are unavailable ({native.why_unavailable()}); "
+                "use reducer.transport=socket"
+            )
         self.algorithm = algorithm
         self.putback = putback
         self.selection = selection
         #: the exact put-back keeps every entry not applied; the paper's loses what an early merge dropped
         self.conserves = putback == "exact"  # type: ignore[misc]
+        self._plan: tuple | None = None  # the compiled tree's prepared call (``_tree_compiled``)
 
     @classmethod
     def predict_commu(
@@ -124,6 +132,49 @@ class GTopKReducer(SparseReducer):
                 idx, val = dropped
                 lost += float(val[member_mask(final_idx, idx)].abs().sum())
         return lost
+
+    def _compiled(self, p2p) -> bool:
+        """Whether this reduce's tree runs compiled (``gtopk.reducers.native``): over the rounds'
+        sockets, ``transport`` auto or native, where the library builds."""
+        sockets = p2p.transport
+        return (
+            self.algorithm == "tree"
+            and self.transport in ("auto", "native")
+            and sockets is not None
+            and sockets.idle()
+            and native.why_unavailable() is None
+        )
+
+    def _prepared(self, p2p, codec) -> native.Tree:
+        """The compiled tree's call for this reduce (arguments and buffers, made once per shape)."""
+        key = (codec.k, codec.index_nbytes, self.putback, p2p.trace is not None, self._drops is not None)
+        if self._plan is None or self._plan[0] != key:
+            tree = native.Tree(
+                p2p.transport.fds(), self.rank, codec.k, codec.index_nbytes // codec.k, self.putback == "index",
+                spin_s=native.spin_seconds(self.world_size), dilation=host.dilation(),
+                threads=max(1, torch.get_num_threads()), trace=key[3], drops=key[4],
+            )  # fmt: skip
+            self._plan = (key, tree)
+        return self._plan[1]
+
+    def _tree_compiled(self, tree: native.Tree, p2p, item):
+        """``_tree`` in one compiled call (``tree``: ``_prepared``), its messages, merges and
+        events counted as ``PointToPoint`` and ``_merge`` count them."""
+        rec, trace = self._rec, p2p.trace
+        pace = host.pacing_state() if tree.dilation > 1 else None
+        idx, val, done = tree(*item, tcp.TIMEOUT_S, pace)
+        if pace is not None:
+            host.set_pacing_state(pace)
+        rec.messages_sent += done.messages
+        rec.bytes_sent += done.bytes_sent
+        rec.bytes_recv += done.bytes_recv
+        rec.t_merge += done.merge_s
+        if trace is not None:
+            trace.eager = True
+            trace.events.extend(done.events)
+        if self._drops is not None:
+            self._drops.extend(d and tuple(torch.from_numpy(a) for a in d) for d in done.drops)
+        return idx, val
 
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
@@ -165,14 +216,20 @@ class GTopKReducer(SparseReducer):
         t0 = clock()
         p2p = PointToPoint(rec, self.peer, self.group, self.trace, self.p2p_transport(grad.device))
         codec = SparseCodec(k, m, grad.device)
-        p2p.post_early(self._first_receives(codec), codec.empty)  # the selection hides them
+        compiled = self._prepared(p2p, codec) if self._compiled(p2p) else None  # ``gtopk.reducers.native``
+        if compiled is None:
+            p2p.post_early(self._first_receives(codec), codec.empty)  # the selection hides them
         acc = self.feedback.accumulate(grad)
         picks = self.selector.pick(acc, k)  # k entries on the wire; ``own``: the selected ones
         sparse, own = (picks.idx, picks.val), picks.own()
+        item = codec.item(*sparse)
         t1 = clock()
         t1c = self._commu_start(clock)
-        schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
-        final_idx, final_val = codec.tensors(schedule(p2p, codec, codec.item(*sparse), k))
+        if compiled is not None:
+            final_idx, final_val = codec.tensors(self._tree_compiled(compiled, p2p, item))
+        else:
+            schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
+            final_idx, final_val = codec.tensors(schedule(p2p, codec, item, k))
         if p2p.early_left():
             raise RuntimeError(f"gTop-k {self.algorithm}: {p2p.early_left()} receive(s) posted early were never used")
         if self.putback == "exact":

@@ -47,7 +47,7 @@ _FLAGS = socket.MSG_DONTWAIT
 
 
 #: the settings of a reducer's ``transport`` (``SparseReducer.p2p_transport``)
-TRANSPORTS = ("auto", "socket", "backend")
+TRANSPORTS = ("auto", "native", "socket", "backend")
 
 
 def backend_of(group: dist.ProcessGroup | None) -> str:
@@ -57,8 +57,9 @@ def backend_of(group: dist.ProcessGroup | None) -> str:
 
 def uses_sockets(setting: str, group: dist.ProcessGroup | None) -> bool:
     """Local. Whether a reducer's rounds of CPU tensors take a ``SocketTransport``:
-    ``socket`` yes, ``backend`` no, ``auto`` on a gloo group."""
-    return setting == "socket" or (setting == "auto" and backend_of(group) == "gloo")
+    ``socket`` and ``native`` (its compiled rounds, ``gtopk.reducers.native``) yes, ``backend``
+    no, ``auto`` on a gloo group."""
+    return setting in ("socket", "native") or (setting == "auto" and backend_of(group) == "gloo")
 
 
 def local_address() -> str:
@@ -127,6 +128,16 @@ class SocketTransport:
         self._recvs: dict[int, deque[_Message]] = {p: deque() for p in self.peers}
         self._sends: dict[int, deque[_Message]] = {p: deque() for p in self.peers}
         self._finalizer = weakref.finalize(self, _close_all, list(self.peers.values()))
+
+    def fds(self) -> list[int]:
+        """Local. The connections' file descriptors by rank (-1 at this rank's own place), for
+        compiled rounds that use them directly (``gtopk.reducers.native``): nothing may be
+        posted here meanwhile."""
+        return [self.peers[p].fileno() if p in self.peers else -1 for p in range(self.world)]
+
+    def idle(self) -> bool:
+        """Local. Whether no posted message is waiting (the sockets may be handed over)."""
+        return not any(self._recvs.values()) and not any(self._sends.values())
 
     def close(self) -> None:
         """Local. Close every connection (also when the transport is garbage-collected)."""

@@ -110,5 +110,7 @@ def test_gtopk_over_sockets_is_gtopk_over_gloo_bit_for_bit(P):
 
 
 def test_a_transport_setting_that_does_not_exist_is_refused():
-    with pytest.raises(ValueError, match=r"reducer.transport='tcp' is unknown; choose one of auto, socket, backend"):
+    with pytest.raises(
+        ValueError, match=r"reducer.transport=.tcp. is unknown; choose one of auto, native, socket, backend"
+    ):
         GTopKReducer(0.01, transport="tcp")

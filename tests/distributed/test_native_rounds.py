@@ -1,0 +1,165 @@
+"""gTop-k's compiled tree (``gtopk.reducers.native``, ``transport=native``/``auto``) on real
+worker processes: the same updates, residuals, dropped mass and message counts as the Python
+rounds over the same sockets (``transport=socket``), bit for bit, at P = 2, 3, 5, 8 with both
+put-backs and with ties; the same trace events, which the critical-path analysis reads; the
+compiled barrier of ``align_timing``; a peer that closes named in a ``ConnectionError``, one
+that hangs in a ``TimeoutError`` that says "timed out"."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from gtopk.reducers import GTopKReducer, native, transport
+from gtopk.reducers.transport import SocketTransport
+from gtopk.reducers.wire import RoundTrace
+from gtopk.run.spawn import spawn
+
+pytestmark = pytest.mark.skipif(native.why_unavailable() is not None, reason="no C++ compiler")
+
+
+def both_ways(rank: int, P: int) -> list[str]:
+    """Four steps of each case through the compiled tree and the Python rounds; what differs."""
+    bad = []
+    for m, density in ((3000, 0.01), (20_000, 0.05), (4000, 0.25)):
+        for putback in ("index", "exact"):
+            grads = [torch.randn(m, generator=torch.Generator().manual_seed(7 * s + rank)) for s in range(3)]
+            grads.append((grads[0] * 2).round() / 2)  # ties everywhere: the tie rule decides
+            got = {}
+            for tr in ("native", "socket"):
+                r = GTopKReducer(density, putback=putback, transport=tr)
+                r.diagnostics = True
+                steps = []
+                for g in grads:
+                    u, rec = r.reduce(g.clone())
+                    steps.append((u, (rec.lost_l1, rec.messages_sent, rec.bytes_sent, rec.bytes_recv, rec.update_nnz)))
+                got[tr] = (steps, r.feedback.residual, r._plan is not None)
+            (nat, res_n, compiled), (py, res_p, _) = got["native"], got["socket"]
+            if not compiled:
+                bad.append(f"{m} {putback}: the compiled tree was not used")
+            for n, ((u1, c1), (u2, c2)) in enumerate(zip(nat, py)):
+                if not torch.equal(u1, u2) or c1 != c2:
+                    bad.append(f"{m} {density} {putback} step {n}: {c1} != {c2} or updates differ")
+            if not torch.equal(res_n, res_p):
+                bad.append(f"{m} {putback}: residuals differ")
+    return bad
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+def test_the_compiled_tree_is_the_python_tree_bit_for_bit(P):
+    assert spawn(both_ways, P, timeout=300) == [[]] * P
+
+
+def traced(rank: int, P: int) -> dict:
+    """One traced reduce each way: the events' kinds and peers (times aside)."""
+    out = {}
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
+    for tr in ("native", "socket"):
+        r = GTopKReducer(0.01, transport=tr, align_timing=True)
+        r.trace = RoundTrace()
+        r.reduce(x.clone())
+        start = r.commu_span[0]
+        out[tr] = [(kind, a, b) for t, kind, a, b in r.trace.take() if t >= start and kind != "post_recv"]
+        out[tr + "_eager"] = r.trace.eager
+    return out
+
+
+def test_the_compiled_tree_records_the_python_trees_events():
+    for got in spawn(traced, 5, timeout=300):
+        assert got["native"] == got["socket"] and got["native"]
+        assert got["native_eager"]
+
+
+def barrier_after_rank_0(rank: int, P: int, mark: str) -> bool:
+    """Rank 0 writes ``mark`` and only then enters the compiled barrier; the others enter at
+    once: each finds the file when it leaves."""
+    t = SocketTransport()
+    if rank == 0:
+        open(mark, "w").close()
+    native.barrier(t.fds(), rank, timeout_s=60)
+    return os.path.exists(mark)
+
+
+def test_no_rank_leaves_the_compiled_barrier_before_the_last_arrives(tmp_path):
+    assert spawn(barrier_after_rank_0, 5, (str(tmp_path / "rank0"),), timeout=300) == [True] * 5
+
+
+def entries(rank: int, k: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    g = np.random.default_rng(rank).standard_normal(1000).astype(np.float32)
+    idx = np.sort(np.argsort(-np.abs(g), kind="stable")[:k]).astype(np.int64)
+    return idx, g[idx]
+
+
+def peer_closes(rank: int, P: int) -> str:
+    t = SocketTransport()
+    if rank == 1:
+        t.close()
+        dist.barrier()
+        return ""
+    dist.barrier()  # rank 1 has closed; rank 0 waits for its message in round 0
+    try:
+        native.Tree(t.fds(), rank, 64, 4, True)(*entries(rank), 30.0)
+    except ConnectionError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_peer_that_closes_is_named():
+    assert "rank 1 closed its connection" in spawn(peer_closes, 2, timeout=300)[0]
+
+
+def peer_hangs(rank: int, P: int) -> str:
+    t = SocketTransport()
+    out = ""
+    if rank == 0:
+        try:
+            native.Tree(t.fds(), rank, 64, 4, True)(*entries(rank), 1.0)  # rank 1 never sends
+        except TimeoutError as e:
+            out = str(e)
+    dist.barrier()
+    return out
+
+
+def test_a_peer_that_never_sends_times_out_naming_it():
+    msg = spawn(peer_hangs, 2, timeout=300)[0]
+    assert "timed out after 1 s" in msg and "rank(s) [1]" in msg
+
+
+def nan_merge(rank: int, P: int) -> str:
+    t = SocketTransport()
+    idx, val = entries(rank)
+    if rank == 1:
+        val[3] = np.nan
+    try:
+        native.Tree(t.fds(), rank, 64, 4, True)(idx, val, 5.0)
+    except (FloatingPointError, ConnectionError, TimeoutError) as e:
+        return type(e).__name__ + ": " + str(e)
+    return "no error"
+
+
+def test_a_nan_in_a_merge_is_refused_and_no_rank_hangs():
+    got = spawn(nan_merge, 2, timeout=300)
+    assert got[0].startswith("FloatingPointError") and "not finite" in got[0]
+    assert got[1].startswith(("ConnectionError", "TimeoutError"))
+
+
+def test_transport_native_is_refused_where_it_does_not_build(monkeypatch):
+    monkeypatch.setattr(native, "_failed", "c++ not found")
+    monkeypatch.setattr(native, "_lib", None)
+    with pytest.raises(ValueError, match=r"reducer.transport=native: .*c\+\+ not found.*reducer.transport=socket"):
+        GTopKReducer(0.01, transport="native")
+
+
+def test_a_rank_spins_less_where_ranks_share_cores_and_not_under_dilation(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("GTOPK_TIME_DILATION", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert native.spin_seconds(cores) == native.SPIN_S > 0
+    assert 0 < native.spin_seconds(cores + 1) == native.SHARED_SPIN_S < native.SPIN_S
+    monkeypatch.setenv("GTOPK_TIME_DILATION", "4")
+    assert native.spin_seconds(1) == 0.0  # a spin would be paced D-fold
+    assert transport.TRANSPORTS == ("auto", "native", "socket", "backend")
