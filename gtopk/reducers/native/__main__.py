@@ -7,6 +7,6 @@ import sys
 from gtopk.reducers.native import build
 
 try:
-    print(f"built {build()}")
+    print(f"compiled rounds: {build()}")
 except RuntimeError as e:
     print(f"warning: {e}; gTop-k's rounds run in Python instead (same results, slower)", file=sys.stderr)
