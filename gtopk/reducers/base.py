@@ -391,13 +391,21 @@ class SparseReducer(Reducer):
             )
         self.transport = transport
 
+    def _compiled_sockets(self) -> SocketTransport | None:
+        """Local. The rounds' sockets where compiled code may use them now (``transport`` auto
+        or native, the library built, nothing posted on them), else None."""
+        s = self._sockets
+        if s is None or self.transport not in ("auto", "native") or not s.idle() or native.why_unavailable():
+            return None
+        return s
+
     def _align(self) -> None:
         """Collective. The barrier of ``align_timing``: over the rounds' sockets, compiled
         (``gtopk.reducers.native.barrier``: its ranks leave it together, where gloo's barrier
         lets them go up to hundreds of microseconds apart, all counted in t_commu), once they
         exist and where the compiled rounds may be used; else the backend's."""
-        s = self._sockets
-        if s is None or self.transport not in ("auto", "native") or not s.idle() or native.why_unavailable():
+        s = self._compiled_sockets()
+        if s is None:
             return super()._align()
         native.barrier(
             s.fds(),

@@ -134,16 +134,9 @@ class GTopKReducer(SparseReducer):
         return lost
 
     def _compiled(self, p2p) -> bool:
-        """Whether this reduce's tree runs compiled (``gtopk.reducers.native``): over the rounds'
-        sockets, ``transport`` auto or native, where the library builds."""
-        sockets = p2p.transport
-        return (
-            self.algorithm == "tree"
-            and self.transport in ("auto", "native")
-            and sockets is not None
-            and sockets.idle()
-            and native.why_unavailable() is None
-        )
+        """Whether this reduce's tree runs compiled (``gtopk.reducers.native``): on the rounds'
+        sockets where compiled code may use them (``SparseReducer._compiled_sockets``)."""
+        return self.algorithm == "tree" and p2p.transport is not None and p2p.transport is self._compiled_sockets()
 
     def _prepared(self, p2p, codec) -> native.Tree:
         """The compiled tree's call for this reduce (arguments and buffers, made once per shape)."""
@@ -169,8 +162,7 @@ class GTopKReducer(SparseReducer):
         rec.bytes_sent += done.bytes_sent
         rec.bytes_recv += done.bytes_recv
         rec.t_merge += done.merge_s
-        if trace is not None:
-            trace.eager = True
+        if trace is not None:  # ``PointToPoint`` marked it eager (a transport)
             trace.events.extend(done.events)
         if self._drops is not None:
             self._drops.extend(d and tuple(torch.from_numpy(a) for a in d) for d in done.drops)

@@ -2,16 +2,18 @@
 processes: messages between every pair arrive whole and in order, exchanges of messages
 larger than any socket buffer do not deadlock, a peer that closes its connections is named
 in a ``ConnectionError``, one that never sends in a ``TimeoutError`` that says "timed out"
-(what the job's supervisor reports as a hung rank), and gTop-k gives the same update over
+(what the job's supervisor reports as a hung rank), both for the Python rounds and the
+compiled tree (``gtopk.reducers.native``), and gTop-k gives the same update over
 the sockets as over gloo's send/recv."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-from gtopk.reducers import GTopKReducer, transport
+from gtopk.reducers import GTopKReducer, native, transport
 from gtopk.reducers.transport import SocketTransport
 from gtopk.run.spawn import spawn
 
@@ -54,7 +56,24 @@ def test_messages_between_every_pair_arrive_whole_and_in_order():
     assert spawn(all_pairs, 4, timeout=300) == [[]] * 4
 
 
-def peer_closes(rank: int, P: int) -> str:
+def wait_on_rank_1(t: SocketTransport, how: str) -> None:
+    """Rank 0 waits for a message from rank 1: a posted receive (``python``) or the compiled
+    tree's first round (``native``)."""
+    if how == "python":
+        t.irecv(torch.empty(8, dtype=torch.uint8), 1).wait()
+    else:
+        g = torch.randn(1000, generator=torch.Generator().manual_seed(0)).numpy()
+        idx = np.sort(np.argsort(-np.abs(g), kind="stable")[:64]).astype(np.int64)
+        native.Tree(t.fds(), 0, 64, 4, True)(idx, g[idx], transport.TIMEOUT_S)
+
+
+HOW = [
+    "python",
+    pytest.param("native", marks=pytest.mark.skipif(native.why_unavailable() is not None, reason="no C++ compiler")),
+]
+
+
+def peer_closes(rank: int, P: int, how: str) -> str:
     t = SocketTransport()
     if rank == 1:
         t.close()
@@ -62,32 +81,34 @@ def peer_closes(rank: int, P: int) -> str:
         return ""
     dist.barrier()  # rank 1 has closed
     try:
-        t.irecv(torch.empty(8, dtype=torch.uint8), 1).wait()
+        wait_on_rank_1(t, how)
     except ConnectionError as e:
         return str(e)
     return "no error"
 
 
-def test_a_peer_that_closes_is_named():
-    assert "rank 1 closed its connection" in spawn(peer_closes, 2, timeout=300)[0]
+@pytest.mark.parametrize("how", HOW)
+def test_a_peer_that_closes_is_named(how):
+    assert "rank 1 closed its connection" in spawn(peer_closes, 2, (how,), timeout=300)[0]
 
 
-def peer_hangs(rank: int, P: int) -> str:
+def peer_hangs(rank: int, P: int, how: str) -> str:
     t = SocketTransport()
     transport.TIMEOUT_S = 1.0  # the job's collective_timeout_s, shortened
     out = ""
     if rank == 0:
         try:
-            t.irecv(torch.empty(8, dtype=torch.uint8), 1).wait()  # rank 1 never sends
+            wait_on_rank_1(t, how)  # rank 1 never sends
         except TimeoutError as e:
             out = str(e)
     dist.barrier()
     return out
 
 
-def test_a_peer_that_never_sends_times_out_naming_it():
-    msg = spawn(peer_hangs, 2, timeout=300)[0]
-    assert "timed out" in msg and "rank(s) [1]" in msg
+@pytest.mark.parametrize("how", HOW)
+def test_a_peer_that_never_sends_times_out_naming_it(how):
+    msg = spawn(peer_hangs, 2, (how,), timeout=300)[0]
+    assert "timed out after 1 s" in msg and "rank(s) [1]" in msg
 
 
 def both_transports(rank: int, P: int) -> list[bool]:
