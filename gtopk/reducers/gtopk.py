@@ -150,12 +150,13 @@ class GTopKReducer(SparseReducer):
             self._plan = (key, tree)
         return self._plan[1]
 
-    def _tree_compiled(self, tree: native.Tree, p2p, item):
-        """``_tree`` in one compiled call (``tree``: ``_prepared``), its messages, merges and
-        events counted as ``PointToPoint`` and ``_merge`` count them."""
+    def _tree_compiled(self, tree: native.Tree, p2p, item, align: int = 0):
+        """``_tree`` in one compiled call (``tree``: ``_prepared``; ``align``: ``native.Tree``'s),
+        its messages, merges and events counted as ``PointToPoint`` and ``_merge`` count them;
+        (indices, values or None, the call's span)."""
         rec, trace = self._rec, p2p.trace
         pace = host.pacing_state() if tree.dilation > 1 else None
-        idx, val, done = tree(*item, tcp.TIMEOUT_S, pace)
+        idx, val, done = tree(*item, tcp.TIMEOUT_S, pace, align)
         if pace is not None:
             host.set_pacing_state(pace)
         rec.messages_sent += done.messages
@@ -166,7 +167,7 @@ class GTopKReducer(SparseReducer):
             trace.events.extend(done.events)
         if self._drops is not None:
             self._drops.extend(d and tuple(torch.from_numpy(a) for a in d) for d in done.drops)
-        return idx, val
+        return idx, val, done.span
 
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
@@ -216,9 +217,16 @@ class GTopKReducer(SparseReducer):
         sparse, own = (picks.idx, picks.val), picks.own()
         item = codec.item(*sparse)
         t1 = clock()
-        t1c = self._commu_start(clock)
+        # align_timing's barriers inside the compiled call: its span starts as the ranks leave
+        # the first, not after a return to Python (and, with the paper's put-back, ends there)
+        align = 0 if compiled is None or not self.align_timing else native.BEFORE
+        if align and self.putback == "index":
+            align |= native.AFTER
+        t1c = t1 if align else self._commu_start(clock)
         if compiled is not None:
-            final_idx, final_val = codec.tensors(self._tree_compiled(compiled, p2p, item))
+            *tree_out, span = self._tree_compiled(compiled, p2p, item, align)
+            final_idx, final_val = codec.tensors(tree_out)
+            t1c = span[0] if align else t1c
         else:
             schedule = {"tree": self._tree, "recursive_doubling": self._recursive_doubling}[self.algorithm]
             final_idx, final_val = codec.tensors(schedule(p2p, codec, item, k))
@@ -226,7 +234,13 @@ class GTopKReducer(SparseReducer):
             raise RuntimeError(f"gTop-k {self.algorithm}: {p2p.early_left()} receive(s) posted early were never used")
         if self.putback == "exact":
             final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
-        t2 = self._commu_end(clock)  # every rank holds the final k entries: the collective is done
+        # every rank holds the final k entries: the collective is done
+        if align & native.AFTER:
+            t2 = span[1]
+        else:
+            self.commu_span = (t1c, t1c)  # ``_commu_end`` keeps its start
+            t2 = self._commu_end(clock)
+        self.commu_span = (t1c, t2)
         if self.putback == "exact":
             acc[final_idx] = 0
         else:

@@ -2,12 +2,13 @@
 worker processes: the same updates, residuals, dropped mass and message counts as the Python
 rounds over the same sockets (``transport=socket``), bit for bit, at P = 2, 3, 5, 8 with both
 put-backs and with ties; the same trace events, which the critical-path analysis reads; the
-compiled barrier of ``align_timing``; a NaN refused (closed and hung peers:
+compiled barrier of ``align_timing``, and the timed span after it; a NaN refused (closed and hung peers:
 ``test_transport.py``)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -85,6 +86,33 @@ def barrier_after_rank_0(rank: int, P: int, mark: str) -> bool:
 
 def test_no_rank_leaves_the_compiled_barrier_before_the_last_arrives(tmp_path):
     assert spawn(barrier_after_rank_0, 5, (str(tmp_path / "rank0"),), timeout=300) == [True] * 5
+
+
+def late_rank(rank: int, P: int, mark: str, tr: str) -> tuple[float, float, float, list]:
+    """A reduce under ``align_timing`` that the other ranks enter only after rank 0 has
+    written ``mark``: (entry clock, span start, span end, its events' (clock, kind))."""
+    r = GTopKReducer(0.01, transport=tr, align_timing=True)
+    r.trace = RoundTrace()
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
+    r.reduce(x.clone())  # the first makes the sockets (which waits for every rank)
+    r.trace.take()
+    if rank == 0:
+        open(mark, "w").close()
+    while not os.path.exists(mark):
+        time.sleep(0.001)
+    entered = time.perf_counter()
+    r.reduce(x.clone())
+    return entered, *r.commu_span, [e[:2] for e in r.trace.take()]
+
+
+@pytest.mark.parametrize("tr", ["native", "socket"])
+def test_the_timed_span_starts_after_the_last_rank_enters_and_holds_the_rounds(tmp_path, tr):
+    got = spawn(late_rank, 4, (str(tmp_path / "rank0"), tr), timeout=300)
+    last_in = max(g[0] for g in got)
+    for _, s0, s1, events in got:
+        assert last_in <= s0 <= s1  # align_timing's barrier is before the span (in the call, compiled)
+        # only receives posted early (the Python rounds', during the selection) come before it
+        assert events and all(s0 <= t <= s1 or (t < s0 and kind == "post_recv") for t, kind in events)
 
 
 def entries(rank: int, k: int = 64) -> tuple[np.ndarray, np.ndarray]:

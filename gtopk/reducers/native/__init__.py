@@ -35,7 +35,9 @@ _lib: ctypes.CDLL | None = None
 _failed: str | None = None
 #: the event kinds of ``rounds.cpp``, as ``gtopk.reducers.wire``'s names
 KINDS = ("round", "post_send", "post_recv", "sent", "received", "merged")
-MSGS, BYTES_SENT, BYTES_RECV, MERGE_S, N_EVENTS, ERR_PEER, ERR_NO = range(7)
+MSGS, BYTES_SENT, BYTES_RECV, MERGE_S, N_EVENTS, ERR_PEER, ERR_NO, SPAN0, SPAN1 = range(9)
+#: ``Tree.__call__``'s ``align``: the barriers of ``align_timing`` run inside the call
+BEFORE, AFTER = 1, 2
 
 
 class _TreeArgs(ctypes.Structure):
@@ -47,7 +49,7 @@ class _TreeArgs(ctypes.Structure):
             ("fds", "p"), ("rank", "i"), ("P", "i"), ("k", "i"), ("ibytes", "i"), ("in_i", "p"), ("in_v", "p"),
             ("with_values", "i"), ("out_i", "p"), ("out_v", "p"), ("drop_i", "p"), ("drop_v", "p"),
             ("n_drop", "p"), ("timeout_s", "d"), ("spin_s", "d"), ("dilation", "i"), ("threads", "d"),
-            ("pace", "p"), ("stats", "p"), ("events", "p"), ("max_events", "i"),
+            ("pace", "p"), ("stats", "p"), ("events", "p"), ("max_events", "i"), ("align", "i"),
         )
     ]  # fmt: skip
 
@@ -130,9 +132,11 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 
 class Rounds:
-    """What one call did besides its result: counters, merge time, events, drops."""
+    """What one call did besides its result: counters, merge time, events, drops, and
+    ``span``: the clock as its first round began and as its last ended (``align``: read
+    as the ranks leave the first barrier and before the second)."""
 
-    __slots__ = ("messages", "bytes_sent", "bytes_recv", "merge_s", "events", "drops")
+    __slots__ = ("messages", "bytes_sent", "bytes_recv", "merge_s", "events", "drops", "span")
 
     def __init__(self, stats: np.ndarray, events: list, drops: list | None):
         self.messages, self.bytes_sent, self.bytes_recv = (
@@ -141,6 +145,7 @@ class Rounds:
             int(stats[BYTES_RECV]),
         )
         self.merge_s, self.events, self.drops = float(stats[MERGE_S]), events, drops
+        self.span = (float(stats[SPAN0]), float(stats[SPAN1]))
 
 
 class Tree:
@@ -178,24 +183,27 @@ class Tree:
         self.drop_i = np.empty((self.rounds, 2 * k), dtype=np.int64) if drops else None
         self.drop_v = np.empty((self.rounds, 2 * k), dtype=np.float32) if drops else None
         self.n_drop = np.zeros(self.rounds, dtype=np.int64) if drops else None
-        self.stats = np.zeros(7, dtype=np.float64)
+        self.stats = np.zeros(SPAN1 + 1, dtype=np.float64)
         self.max_events = 8 * self.rounds + 8
         self.events = np.zeros((self.max_events, 4), dtype=np.float64) if trace else None
         self.pace = np.array([-1.0, 0.0, 0.0, 0.0])
         self.args = _TreeArgs(
             _ptr(self._fds), rank, P, k, index_bytes, None, None, int(with_values), None, None,
             _ptr(self.drop_i), _ptr(self.drop_v), _ptr(self.n_drop), 0.0, spin_s, dilation, float(threads),
-            _ptr(self.pace), _ptr(self.stats), _ptr(self.events), self.max_events,
+            _ptr(self.pace), _ptr(self.stats), _ptr(self.events), self.max_events, 0,
         )  # fmt: skip
         self._byref = ctypes.byref(self.args)
 
     def __call__(
-        self, idx: np.ndarray, val: np.ndarray, timeout_s: float, pace: list[float] | None = None
+        self, idx: np.ndarray, val: np.ndarray, timeout_s: float, pace: list[float] | None = None, align: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None, Rounds]:
         """Collective (every rank of the group, with ``Tree``s of the same ``k``,
-        ``index_bytes`` and ``with_values``). The all-reduce of ``(idx, val)``, this rank's k
-        entries (ascending indices): the final k indices (int64, ascending) and, with values,
-        their values. ``pace``: ``gtopk.host.pacing_state()`` (D > 1), updated in place.
+        ``index_bytes``, ``with_values`` and ``align``). The all-reduce of ``(idx, val)``,
+        this rank's k entries (ascending indices): the final k indices (int64, ascending) and,
+        with values, their values. ``pace``: ``gtopk.host.pacing_state()`` (D > 1), updated in
+        place. ``align``: ``BEFORE`` | ``AFTER``, the barrier of ``align_timing`` before the
+        first round and after the last, in the call (the span's clock read as the ranks leave
+        the first, not after a return to Python; neither barrier counted in the rounds).
         Raises ``TimeoutError``, ``ConnectionError`` (naming the rank), ``FloatingPointError``
         (a NaN in a merge)."""
         in_i = idx if idx.dtype == np.int64 and idx.flags.c_contiguous else np.ascontiguousarray(idx, np.int64)
@@ -203,6 +211,7 @@ class Tree:
         out_i, out_v = np.empty(self.k, dtype=np.int64), np.empty(self.k, dtype=np.float32)
         a = self.args
         a.in_i, a.in_v, a.out_i, a.out_v, a.timeout_s = _ptr(in_i), _ptr(in_v), _ptr(out_i), _ptr(out_v), timeout_s
+        a.align = align
         if pace is not None:
             self.pace[:] = pace
         code = self.fn(self._byref)
@@ -230,7 +239,7 @@ def barrier(fds: list[int], rank: int, *, timeout_s: float, spin_s: float = 0.0)
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
-    stats = np.zeros(7, dtype=np.float64)
+    stats = np.zeros(SPAN1 + 1, dtype=np.float64)
     code = lib.gtopk_barrier(_ptr(np.asarray(fds, dtype=np.int32)), rank, len(fds), timeout_s, spin_s, _ptr(stats))
     if code:
         raise _failure(code, rank, int(stats[ERR_PEER]), int(stats[ERR_NO]), timeout_s)

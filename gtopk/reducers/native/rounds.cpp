@@ -30,7 +30,9 @@
 namespace {
 
 enum Kind { ROUND = 0, POST_SEND = 1, POST_RECV = 2, SENT = 3, RECEIVED = 4, MERGED = 5 };
-enum Stat { MSGS = 0, BYTES_SENT = 1, BYTES_RECV = 2, MERGE_S = 3, N_EVENTS = 4, ERR_PEER = 5, ERR_NO = 6 };
+enum Stat { MSGS = 0, BYTES_SENT = 1, BYTES_RECV = 2, MERGE_S = 3, N_EVENTS = 4, ERR_PEER = 5, ERR_NO = 6, SPAN0 = 7, SPAN1 = 8 };
+constexpr int N_STATS = 9;
+enum Align { BEFORE = 1, AFTER = 2 };  // TreeArgs.align: the barriers of align_timing inside the call
 
 double mono() {
     timespec t;
@@ -157,6 +159,21 @@ struct Ctx {
         stats[BYTES_RECV] += n;
         return true;
     }
+
+    // A dissemination barrier: in round s each rank sends one byte to rank + 2^s and reads one
+    // from rank - 2^s (mod P). Neither its events nor its bytes count as the call's.
+    bool barrier() {
+        double* keep = events;
+        double counts[3] = {stats[MSGS], stats[BYTES_SENT], stats[BYTES_RECV]};
+        events = nullptr;
+        uint8_t byte = 0;
+        bool ok = true;
+        for (int step = 1; ok && step < P; step <<= 1)
+            ok = send((rank + step) % P, &byte, 1) && recv((rank - step + P) % P, &byte, 1);
+        events = keep;
+        stats[MSGS] = counts[0], stats[BYTES_SENT] = counts[1], stats[BYTES_RECV] = counts[2];
+        return ok;
+    }
 };
 
 // A sparse vector between rounds: ascending int64 indices, float32 values.
@@ -258,7 +275,10 @@ extern "C" {
 // entries, ascending indices. with_values: 1 broadcast indices and values (the paper's
 // put-back), 0 indices only (the exact put-back; out_v untouched). out_*: the final k entries.
 // drop_* ([ceil(log2 P)][2k], n_drop [ceil(log2 P)], or null): what each merge of this rank
-// dropped. stats [7]: see Stat. events: [max_events][4] or null. Returns 0 or a failure code.
+// dropped. stats [N_STATS]: see Stat. events: [max_events][4] or null. align: Align's bits, the
+// barriers of align_timing run in the call (BEFORE: stats[SPAN0] is read as every rank leaves
+// it; AFTER: stats[SPAN1], the end of the last round, is read before it). Returns 0 or a
+// failure code.
 struct TreeArgs {
     const int* fds;
     int64_t rank, P, k, ibytes;
@@ -277,6 +297,7 @@ struct TreeArgs {
     double* stats;
     double* events;
     int64_t max_events;
+    int64_t align;
 };
 
 int gtopk_tree_allreduce(const TreeArgs* x) {
@@ -291,7 +312,9 @@ int gtopk_tree_allreduce(const TreeArgs* x) {
     double* stats = x->stats;
     Ctx c{fds, rank, P, k, ibytes, x->timeout_s, x->spin_s, static_cast<int>(x->dilation), x->threads, x->pace,
           stats, x->events, x->max_events};
-    std::memset(stats, 0, 7 * sizeof(double));
+    std::memset(stats, 0, N_STATS * sizeof(double));
+    if ((x->align & BEFORE) && !c.barrier()) return c.code;
+    stats[SPAN0] = c.now();
     int rounds = 0;
     while ((1 << rounds) < P) ++rounds;
     const int64_t nbytes = k * ibytes + 4 * k;
@@ -354,20 +377,16 @@ int gtopk_tree_allreduce(const TreeArgs* x) {
     for (int64_t i = 0; i < k; ++i) out_i[i] = index_at(msg.data(), ibytes, i);
     if (with_values) std::memcpy(out_v, msg.data() + k * ibytes, 4 * k);
     stats[N_EVENTS] = static_cast<double>(c.n_events);
+    stats[SPAN1] = c.now();
+    if ((x->align & AFTER) && !c.barrier()) return c.code;
     return 0;
 }
 
-// A dissemination barrier over the same connections (collective): in round s each rank sends
-// one byte to rank + 2^s and reads one from rank - 2^s (mod P). Returns 0 or a failure code.
+// The dissemination barrier alone (collective; Ctx::barrier). Returns 0 or a failure code.
 int gtopk_barrier(const int* fds, int rank, int P, double timeout_s, double spin_s, double* stats) {
     double pace[4] = {-1, 0, 0, 0};
     Ctx c{fds, rank, P, 0, 4, timeout_s, spin_s, 1, 1, pace, stats, nullptr, 0};
-    std::memset(stats, 0, 7 * sizeof(double));
-    uint8_t byte = 0;
-    for (int step = 1; step < P; step <<= 1) {
-        if (!c.send((rank + step) % P, &byte, 1)) return c.code;
-        if (!c.recv((rank - step + P) % P, &byte, 1)) return c.code;
-    }
-    return 0;
+    std::memset(stats, 0, N_STATS * sizeof(double));
+    return c.barrier() ? 0 : c.code;
 }
 }
