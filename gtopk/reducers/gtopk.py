@@ -154,20 +154,32 @@ class GTopKReducer(SparseReducer):
         """``_tree`` in one compiled call (``tree``: ``_prepared``; ``align``: ``native.Tree``'s),
         its messages, merges and events counted as ``PointToPoint`` and ``_merge`` count them;
         (indices, values or None, the call's span)."""
-        rec, trace = self._rec, p2p.trace
         pace = host.pacing_state() if tree.dilation > 1 else None
         idx, val, done = tree(*item, tcp.TIMEOUT_S, pace, align)
-        if pace is not None:
-            host.set_pacing_state(pace)
-        rec.messages_sent += done.messages
-        rec.bytes_sent += done.bytes_sent
-        rec.bytes_recv += done.bytes_recv
-        rec.t_merge += done.merge_s
-        if trace is not None:  # ``PointToPoint`` marked it eager (a transport)
-            trace.events.extend(done.events)
+        self._count(done, p2p, pace)
+        self._rec.t_merge += done.merge_s
         if self._drops is not None:
             self._drops.extend(d and tuple(torch.from_numpy(a) for a in d) for d in done.drops)
         return idx, val, done.span
+
+    def _sum_compiled(self, tree: native.Tree, p2p, values: Tensor, align: int = 0) -> tuple[Tensor, tuple]:
+        """``_sum_at`` in one compiled call (``native.Tree.sum``): (the sums, the call's span)."""
+        pace = host.pacing_state() if tree.dilation > 1 else None
+        out, done = tree.sum(values.numpy(), tcp.TIMEOUT_S, pace, align)
+        self._count(done, p2p, pace)
+        return torch.from_numpy(out), done.span
+
+    def _count(self, done: native.Rounds, p2p, pace: list[float] | None) -> None:
+        """A compiled call's messages and events, counted as ``PointToPoint`` counts them, and
+        its pacing state handed back to ``gtopk.host``."""
+        if pace is not None:
+            host.set_pacing_state(pace)
+        rec = self._rec
+        rec.messages_sent += done.messages
+        rec.bytes_sent += done.bytes_sent
+        rec.bytes_recv += done.bytes_recv
+        if p2p.trace is not None:  # ``PointToPoint`` marked it eager (a transport)
+            p2p.trace.events.extend(done.events)
 
     def _tree(self, p2p, codec, sparse, k):
         P, rank, new = self.world_size, self.rank, codec.empty
@@ -217,14 +229,13 @@ class GTopKReducer(SparseReducer):
         sparse, own = (picks.idx, picks.val), picks.own()
         item = codec.item(*sparse)
         t1 = clock()
-        # align_timing's barriers inside the compiled call: its span starts as the ranks leave
-        # the first, not after a return to Python (and, with the paper's put-back, ends there)
-        align = 0 if compiled is None or not self.align_timing else native.BEFORE
-        if align and self.putback == "index":
-            align |= native.AFTER
+        # align_timing's barriers inside the compiled calls: the span starts as the ranks leave
+        # the first, not after a return to Python, and ends with the last round (the sum's, exact)
+        align = 0 if compiled is None or not self.align_timing else native.BEFORE | native.AFTER
+        exact = self.putback == "exact"
         t1c = t1 if align else self._commu_start(clock)
         if compiled is not None:
-            *tree_out, span = self._tree_compiled(compiled, p2p, item, align)
+            *tree_out, span = self._tree_compiled(compiled, p2p, item, align & ~native.AFTER if exact else align)
             final_idx, final_val = codec.tensors(tree_out)
             t1c = span[0] if align else t1c
         else:
@@ -232,7 +243,10 @@ class GTopKReducer(SparseReducer):
             final_idx, final_val = codec.tensors(schedule(p2p, codec, item, k))
         if p2p.early_left():
             raise RuntimeError(f"gTop-k {self.algorithm}: {p2p.early_left()} receive(s) posted early were never used")
-        if self.putback == "exact":
+        if exact and compiled is not None:
+            final_val, (_, end) = self._sum_compiled(compiled, p2p, acc[final_idx].contiguous(), align)
+            span = (span[0], end)
+        elif exact:
             final_val = self._sum_at(p2p, codec, acc[final_idx].contiguous())
         # every rank holds the final k entries: the collective is done
         if align & native.AFTER:

@@ -1,5 +1,5 @@
-"""gTop-k's compiled tree (``gtopk.reducers.native``, ``transport=native``/``auto``) on real
-worker processes: the same updates, residuals, dropped mass and message counts as the Python
+"""gTop-k's compiled tree and exact put-back sum (``gtopk.reducers.native``,
+``transport=native``/``auto``) on real worker processes: the same updates, residuals, dropped mass and message counts as the Python
 rounds over the same sockets (``transport=socket``), bit for bit, at P = 2, 3, 5, 8 with both
 put-backs and with ties; the same trace events, which the critical-path analysis reads; the
 compiled barrier of ``align_timing``, and the timed span after it; a NaN refused (closed and hung peers:
@@ -55,23 +55,25 @@ def test_the_compiled_tree_is_the_python_tree_bit_for_bit(P):
 
 
 def traced(rank: int, P: int) -> dict:
-    """One traced reduce each way: the events' kinds and peers (times aside)."""
+    """One traced reduce each way and put-back: the events' kinds and peers (times aside)."""
     out = {}
     x = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
-    for tr in ("native", "socket"):
-        r = GTopKReducer(0.01, transport=tr, align_timing=True)
-        r.trace = RoundTrace()
-        r.reduce(x.clone())
-        start = r.commu_span[0]
-        out[tr] = [(kind, a, b) for t, kind, a, b in r.trace.take() if t >= start and kind != "post_recv"]
-        out[tr + "_eager"] = r.trace.eager
+    for putback in ("index", "exact"):
+        for tr in ("native", "socket"):
+            r = GTopKReducer(0.01, putback=putback, transport=tr, align_timing=True)
+            r.trace = RoundTrace()
+            r.reduce(x.clone())
+            start = r.commu_span[0]
+            got = [(kind, a, b) for t, kind, a, b in r.trace.take() if t >= start and kind != "post_recv"]
+            out[putback, tr] = got, r.trace.eager
     return out
 
 
-def test_the_compiled_tree_records_the_python_trees_events():
-    for got in spawn(traced, 5, timeout=300):
-        assert got["native"] == got["socket"] and got["native"]
-        assert got["native_eager"]
+def test_the_compiled_rounds_record_the_python_rounds_events():
+    for got in spawn(traced, 5, timeout=300):  # P = 5: the sum folds rank 4 in
+        for putback in ("index", "exact"):
+            (native_events, eager), (python_events, _) = got[putback, "native"], got[putback, "socket"]
+            assert native_events == python_events and native_events and eager
 
 
 def barrier_after_rank_0(rank: int, P: int, mark: str) -> bool:

@@ -1,4 +1,5 @@
-"""gTop-k's tree all-reduce compiled: every round of a call in one C++ function (``rounds.cpp``).
+"""gTop-k's tree all-reduce compiled: every round of a call in one C++ function (``rounds.cpp``),
+and so the exact put-back's sum of the k values (``Tree.sum``).
 
 A round of the Python schedules (``gtopk.reducers.schedules``) over the rounds' sockets costs
 tens of microseconds of interpreter work per message (posting, encoding, decoding, the NumPy
@@ -96,6 +97,8 @@ def _load() -> ctypes.CDLL | None:
     fn = lib.gtopk_tree_allreduce
     fn.argtypes = [ctypes.POINTER(_TreeArgs)]
     fn.restype = i32
+    lib.gtopk_rd_sum.argtypes = [ctypes.POINTER(_TreeArgs)]
+    lib.gtopk_rd_sum.restype = i32
     lib.gtopk_barrier.argtypes = [p, i32, i32, f64, f64, p]
     lib.gtopk_barrier.restype = i32
     _lib = lib
@@ -176,6 +179,7 @@ class Tree:
             raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
         P = len(fds)
         self.fn, self.rank, self.P, self.k, self.with_values = lib.gtopk_tree_allreduce, rank, P, k, with_values
+        self._sum = lib.gtopk_rd_sum
         self.rounds = max(1, (P - 1).bit_length())
         self.merges = sum(1 for r in range(self.rounds) if rank % (2 << r) == 0 and rank + (1 << r) < P)
         self.dilation, self.trace, self.drops = dilation, trace, drops
@@ -212,22 +216,44 @@ class Tree:
         a = self.args
         a.in_i, a.in_v, a.out_i, a.out_v, a.timeout_s = _ptr(in_i), _ptr(in_v), _ptr(out_i), _ptr(out_v), timeout_s
         a.align = align
+        evs = self._run(self.fn, timeout_s, pace)
+        lost = None
+        if self.drops:
+            di, dv, nd = self.drop_i, self.drop_v, self.n_drop
+            lost = [(di[n, : nd[n]].copy(), dv[n, : nd[n]].copy()) if nd[n] else None for n in range(self.merges)]
+        return out_i, (out_v if self.with_values else None), Rounds(self.stats, evs, lost)
+
+    def sum(
+        self, values: np.ndarray, timeout_s: float, pace: list[float] | None = None, align: int = 0
+    ) -> tuple[np.ndarray, Rounds]:
+        """Collective (as ``__call__``). The exact put-back's all-reduce (sum) of this rank's
+        k float32 ``values``: recursive doubling with folding on the same connections, as
+        ``gtopk.reducers.schedules.recursive_doubling`` with ``a + b`` (bit for bit; the same
+        messages and events). ``align``: ``AFTER`` only (the span's end read before it)."""
+        in_v = (
+            values
+            if values.dtype == np.float32 and values.flags.c_contiguous
+            else np.ascontiguousarray(values, np.float32)
+        )
+        out_v = np.empty(self.k, dtype=np.float32)
+        a = self.args
+        a.in_v, a.out_v, a.timeout_s, a.align = _ptr(in_v), _ptr(out_v), timeout_s, align & AFTER
+        evs = self._run(self._sum, timeout_s, pace)
+        return out_v, Rounds(self.stats, evs, None)
+
+    def _run(self, fn, timeout_s: float, pace: list[float] | None) -> list:
+        """One compiled call on the prepared arguments; its events (raises its failure)."""
         if pace is not None:
             self.pace[:] = pace
-        code = self.fn(self._byref)
+        code = fn(self._byref)
         if pace is not None:
             pace[:] = self.pace.tolist()
         st = self.stats
         if code:
             raise _failure(code, self.rank, int(st[ERR_PEER]), int(st[ERR_NO]), timeout_s)
-        evs = []
-        if self.trace:
-            evs = [(e[0], KINDS[int(e[1])], int(e[2]), int(e[3])) for e in self.events[: int(st[N_EVENTS])].tolist()]
-        lost = None
-        if self.drops:
-            di, dv, nd = self.drop_i, self.drop_v, self.n_drop
-            lost = [(di[n, : nd[n]].copy(), dv[n, : nd[n]].copy()) if nd[n] else None for n in range(self.merges)]
-        return out_i, (out_v if self.with_values else None), Rounds(st, evs, lost)
+        if not self.trace:
+            return []
+        return [(e[0], KINDS[int(e[1])], int(e[2]), int(e[3])) for e in self.events[: int(st[N_EVENTS])].tolist()]
 
 
 def barrier(fds: list[int], rank: int, *, timeout_s: float, spin_s: float = 0.0) -> None:

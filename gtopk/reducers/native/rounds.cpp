@@ -160,6 +160,46 @@ struct Ctx {
         return true;
     }
 
+    // Send n bytes to and receive m bytes from `peer` at once (the peer does the same): both
+    // directions move as the sockets allow, so that neither rank blocks in a full buffer.
+    bool exchange(int peer, const uint8_t* sbuf, int64_t n, uint8_t* rbuf, int64_t m) {
+        event(POST_SEND, peer, n);
+        int64_t sent = 0, got = 0;
+        double idle = mono();
+        while (sent < n || got < m) {
+            bool moved = false;
+            if (sent < n) {
+                ssize_t w = ::send(fds[peer], sbuf + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) {
+                    sent += w, moved = true;
+                } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    return fail(peer, errno == EPIPE || errno == ECONNRESET ? -2 : -4);
+                }
+            }
+            if (got < m) {
+                ssize_t r = ::recv(fds[peer], rbuf + got, m - got, MSG_DONTWAIT);
+                if (r > 0) {
+                    got += r, moved = true;
+                } else if (r == 0) {
+                    return fail(peer, -2);
+                } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    return fail(peer, errno == ECONNRESET ? -2 : -4);
+                }
+            }
+            if (moved) {
+                idle = mono();
+            } else if (!wait(peer, static_cast<short>((sent < n ? POLLOUT : 0) | (got < m ? POLLIN : 0)), idle)) {
+                return false;
+            }
+        }
+        event(SENT, peer, n);
+        event(RECEIVED, peer, m);
+        stats[MSGS] += 1;
+        stats[BYTES_SENT] += n;
+        stats[BYTES_RECV] += m;
+        return true;
+    }
+
     // A dissemination barrier: in round s each rank sends one byte to rank + 2^s and reads one
     // from rank - 2^s (mod P). Neither its events nor its bytes count as the call's.
     bool barrier() {
@@ -376,6 +416,59 @@ int gtopk_tree_allreduce(const TreeArgs* x) {
     }
     for (int64_t i = 0; i < k; ++i) out_i[i] = index_at(msg.data(), ibytes, i);
     if (with_values) std::memcpy(out_v, msg.data() + k * ibytes, 4 * k);
+    stats[N_EVENTS] = static_cast<double>(c.n_events);
+    stats[SPAN1] = c.now();
+    if ((x->align & AFTER) && !c.barrier()) return c.code;
+    return 0;
+}
+
+// The exact put-back's sum (collective): recursive doubling with folding over the same
+// connections, as gtopk.reducers.schedules.recursive_doubling with a + b, bit for bit: rank i >=
+// P2 (the largest power of two <= P) sends its k values to i - P2 and gets the sum back; below
+// P2, the fold, then an exchange with i XOR 2^s for each s. in_v: this rank's k float32 values;
+// out_v: the sums. The rest of TreeArgs as gtopk_tree_allreduce's (align: AFTER only).
+int gtopk_rd_sum(const TreeArgs* x) {
+    const int rank = static_cast<int>(x->rank), P = static_cast<int>(x->P);
+    const int64_t k = x->k, n = 4 * k;
+    double* stats = x->stats;
+    Ctx c{x->fds, rank, P, k, 4, x->timeout_s, x->spin_s, static_cast<int>(x->dilation), x->threads, x->pace,
+          stats, x->events, x->max_events};
+    std::memset(stats, 0, N_STATS * sizeof(double));
+    stats[SPAN0] = c.now();
+    int P2 = 1, steps = 0;
+    while (2 * P2 <= P) P2 *= 2, ++steps;
+    std::vector<float> item(x->in_v, x->in_v + k), theirs(k);
+    auto bytes = [](std::vector<float>& v) { return reinterpret_cast<uint8_t*>(v.data()); };
+    auto add = [&]() {
+        for (int64_t i = 0; i < k; ++i) item[i] = item[i] + theirs[i];
+        c.event(MERGED);
+    };
+    if (rank >= P2) {
+        c.event(POST_RECV, rank - P2, n);
+        c.event(ROUND, 0);
+        if (!c.send(rank - P2, bytes(item), n)) return c.code;
+        c.event(ROUND, steps + 1);
+        if (!c.recv(rank - P2, bytes(item), n)) return c.code;
+    } else {
+        const bool fold = rank + P2 < P;
+        if (fold) c.event(POST_RECV, rank + P2, n);
+        for (int s = 0; s < steps; ++s) c.event(POST_RECV, rank ^ (1 << s), n);
+        if (fold) {
+            c.event(ROUND, 0);
+            if (!c.recv(rank + P2, bytes(theirs), n)) return c.code;
+            add();
+        }
+        for (int s = 0; s < steps; ++s) {
+            c.event(ROUND, 1 + s);
+            if (!c.exchange(rank ^ (1 << s), bytes(item), n, bytes(theirs), n)) return c.code;
+            add();
+        }
+        if (fold) {
+            c.event(ROUND, steps + 1);
+            if (!c.send(rank + P2, bytes(item), n)) return c.code;
+        }
+    }
+    std::memcpy(x->out_v, item.data(), n);
     stats[N_EVENTS] = static_cast<double>(c.n_events);
     stats[SPAN1] = c.now();
     if ((x->align & AFTER) && !c.barrier()) return c.code;
