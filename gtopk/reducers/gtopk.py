@@ -101,7 +101,7 @@ class GTopKReducer(SparseReducer):
         self.selection = selection
         #: the exact put-back keeps every entry not applied; the paper's loses what an early merge dropped
         self.conserves = putback == "exact"  # type: ignore[misc]
-        self._plan: tuple | None = None  # the compiled tree's prepared call (``_tree_compiled``)
+        self._plan: tuple | None = None  # the compiled rounds' prepared call (``_rounds_compiled``)
 
     @classmethod
     def predict_commu(
@@ -134,26 +134,26 @@ class GTopKReducer(SparseReducer):
         return lost
 
     def _compiled(self, p2p) -> bool:
-        """Whether this reduce's tree runs compiled (``gtopk.reducers.native``): on the rounds'
+        """Whether this reduce's rounds run compiled (``gtopk.reducers.native``): on the rounds'
         sockets where compiled code may use them (``SparseReducer._compiled_sockets``)."""
-        return self.algorithm == "tree" and p2p.transport is not None and p2p.transport is self._compiled_sockets()
+        return p2p.transport is not None and p2p.transport is self._compiled_sockets()
 
     def _prepared(self, p2p, codec) -> native.Tree:
-        """The compiled tree's call for this reduce (arguments and buffers, made once per shape)."""
+        """The compiled rounds' call for this reduce (arguments and buffers, made once per shape)."""
         key = (codec.k, codec.index_nbytes, self.putback, p2p.trace is not None, self._drops is not None)
         if self._plan is None or self._plan[0] != key:
             tree = native.Tree(
                 p2p.transport.fds(), self.rank, codec.k, codec.index_nbytes // codec.k, self.putback == "index",
-                spin_s=native.spin_seconds(self.world_size), dilation=host.dilation(),
+                algorithm=self.algorithm, spin_s=native.spin_seconds(self.world_size), dilation=host.dilation(),
                 threads=max(1, torch.get_num_threads()), trace=key[3], drops=key[4],
             )  # fmt: skip
             self._plan = (key, tree)
         return self._plan[1]
 
-    def _tree_compiled(self, tree: native.Tree, p2p, item, align: int = 0):
-        """``_tree`` in one compiled call (``tree``: ``_prepared``; ``align``: ``native.Tree``'s),
-        its messages, merges and events counted as ``PointToPoint`` and ``_merge`` count them;
-        (indices, values or None, the call's span)."""
+    def _rounds_compiled(self, tree: native.Tree, p2p, item, align: int = 0):
+        """``_tree`` or ``_recursive_doubling`` in one compiled call (``tree``: ``_prepared``;
+        ``align``: ``native.Tree``'s), its messages, merges and events counted as
+        ``PointToPoint`` and ``_merge`` count them; (indices, values or None, the call's span)."""
         pace = host.pacing_state() if tree.dilation > 1 else None
         idx, val, done = tree(*item, tcp.TIMEOUT_S, pace, align)
         self._count(done, p2p, pace)
@@ -235,7 +235,7 @@ class GTopKReducer(SparseReducer):
         exact = self.putback == "exact"
         t1c = t1 if align else self._commu_start(clock)
         if compiled is not None:
-            *tree_out, span = self._tree_compiled(compiled, p2p, item, align & ~native.AFTER if exact else align)
+            *tree_out, span = self._rounds_compiled(compiled, p2p, item, align & ~native.AFTER if exact else align)
             final_idx, final_val = codec.tensors(tree_out)
             t1c = span[0] if align else t1c
         else:

@@ -1,4 +1,4 @@
-"""gTop-k's compiled tree and exact put-back sum (``gtopk.reducers.native``,
+"""gTop-k's compiled rounds, tree and recursive doubling, and the exact put-back's sum (``gtopk.reducers.native``,
 ``transport=native``/``auto``) on real worker processes: the same updates, residuals, dropped mass and message counts as the Python
 rounds over the same sockets (``transport=socket``), bit for bit, at P = 2, 3, 5, 8 with both
 put-backs and with ties; the same trace events, which the critical-path analysis reads; the
@@ -25,13 +25,13 @@ pytestmark = pytest.mark.skipif(native.why_unavailable() is not None, reason="no
 def both_ways(rank: int, P: int) -> list[str]:
     """Four steps of each case through the compiled tree and the Python rounds; what differs."""
     bad = []
-    for m, density in ((3000, 0.01), (20_000, 0.05), (4000, 0.25)):
+    for m, density, algorithm in ((3000, 0.01, "tree"), (20_000, 0.05, "recursive_doubling"), (4000, 0.25, "tree")):
         for putback in ("index", "exact"):
             grads = [torch.randn(m, generator=torch.Generator().manual_seed(7 * s + rank)) for s in range(3)]
             grads.append((grads[0] * 2).round() / 2)  # ties everywhere: the tie rule decides
             got = {}
             for tr in ("native", "socket"):
-                r = GTopKReducer(density, putback=putback, transport=tr)
+                r = GTopKReducer(density, algorithm=algorithm, putback=putback, transport=tr)
                 r.diagnostics = True
                 steps = []
                 for g in grads:
@@ -40,17 +40,17 @@ def both_ways(rank: int, P: int) -> list[str]:
                 got[tr] = (steps, r.feedback.residual, r._plan is not None)
             (nat, res_n, compiled), (py, res_p, _) = got["native"], got["socket"]
             if not compiled:
-                bad.append(f"{m} {putback}: the compiled tree was not used")
+                bad.append(f"{m} {algorithm} {putback}: the compiled rounds were not used")
             for n, ((u1, c1), (u2, c2)) in enumerate(zip(nat, py)):
                 if not torch.equal(u1, u2) or c1 != c2:
-                    bad.append(f"{m} {density} {putback} step {n}: {c1} != {c2} or updates differ")
+                    bad.append(f"{m} {algorithm} {putback} step {n}: {c1} != {c2} or updates differ")
             if not torch.equal(res_n, res_p):
-                bad.append(f"{m} {putback}: residuals differ")
+                bad.append(f"{m} {algorithm} {putback}: residuals differ")
     return bad
 
 
 @pytest.mark.parametrize("P", [2, 3, 5, 8])
-def test_the_compiled_tree_is_the_python_tree_bit_for_bit(P):
+def test_the_compiled_rounds_are_the_python_rounds_bit_for_bit(P):
     assert spawn(both_ways, P, timeout=300) == [[]] * P
 
 
@@ -58,22 +58,25 @@ def traced(rank: int, P: int) -> dict:
     """One traced reduce each way and put-back: the events' kinds and peers (times aside)."""
     out = {}
     x = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
-    for putback in ("index", "exact"):
+    for case in CASES:
         for tr in ("native", "socket"):
-            r = GTopKReducer(0.01, putback=putback, transport=tr, align_timing=True)
+            r = GTopKReducer(0.01, algorithm=case[0], putback=case[1], transport=tr, align_timing=True)
             r.trace = RoundTrace()
             r.reduce(x.clone())
             start = r.commu_span[0]
             got = [(kind, a, b) for t, kind, a, b in r.trace.take() if t >= start and kind != "post_recv"]
-            out[putback, tr] = got, r.trace.eager
+            out[case, tr] = got, r.trace.eager
     return out
 
 
+CASES = [(algorithm, putback) for algorithm in ("tree", "recursive_doubling") for putback in ("index", "exact")]
+
+
 def test_the_compiled_rounds_record_the_python_rounds_events():
-    for got in spawn(traced, 5, timeout=300):  # P = 5: the sum folds rank 4 in
-        for putback in ("index", "exact"):
-            (native_events, eager), (python_events, _) = got[putback, "native"], got[putback, "socket"]
-            assert native_events == python_events and native_events and eager
+    for got in spawn(traced, 5, timeout=300):  # P = 5: recursive doubling folds rank 4 in
+        for case in CASES:
+            (native_events, eager), (python_events, _) = got[case, "native"], got[case, "socket"]
+            assert native_events == python_events and native_events and eager, case
 
 
 def barrier_after_rank_0(rank: int, P: int, mark: str) -> bool:

@@ -97,8 +97,9 @@ def _load() -> ctypes.CDLL | None:
     fn = lib.gtopk_tree_allreduce
     fn.argtypes = [ctypes.POINTER(_TreeArgs)]
     fn.restype = i32
-    lib.gtopk_rd_sum.argtypes = [ctypes.POINTER(_TreeArgs)]
-    lib.gtopk_rd_sum.restype = i32
+    for name in ("gtopk_rd_allreduce", "gtopk_rd_sum"):
+        getattr(lib, name).argtypes = [ctypes.POINTER(_TreeArgs)]
+        getattr(lib, name).restype = i32
     lib.gtopk_barrier.argtypes = [p, i32, i32, f64, f64, p]
     lib.gtopk_barrier.restype = i32
     _lib = lib
@@ -152,11 +153,12 @@ class Rounds:
 
 
 class Tree:
-    """One rank's part of gTop-k's tree all-reduce over ``fds[p]``, the connection to rank p
+    """One rank's part of gTop-k's all-reduce over ``fds[p]``, the connection to rank p
     (``SocketTransport.fds``), for messages of ``k`` entries (``index_bytes`` 4 or 8), its
     arguments and buffers prepared once (a call then costs one ``ctypes`` call and a few
-    microseconds around it). ``with_values``: broadcast indices and values (the paper's
-    put-back), else indices only (the exact put-back). ``dilation``: D of ``gtopk.host``
+    microseconds around it). ``algorithm``: ``tree`` or ``recursive_doubling`` (the schedules
+    of ``gtopk.reducers.schedules``). ``with_values``: send the result back with its values
+    (the paper's put-back), else indices only (the exact put-back). ``dilation``: D of ``gtopk.host``
     (> 1: the call paces its CPU time as ``gtopk.host.now`` does, its state in and out).
     ``trace``: keep the events. ``drops``: keep what each merge dropped."""
 
@@ -168,6 +170,7 @@ class Tree:
         index_bytes: int,
         with_values: bool,
         *,
+        algorithm: str = "tree",
         spin_s: float = 0.0,
         dilation: int = 1,
         threads: int = 1,
@@ -178,10 +181,17 @@ class Tree:
         if lib is None:
             raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
         P = len(fds)
-        self.fn, self.rank, self.P, self.k, self.with_values = lib.gtopk_tree_allreduce, rank, P, k, with_values
-        self._sum = lib.gtopk_rd_sum
-        self.rounds = max(1, (P - 1).bit_length())
-        self.merges = sum(1 for r in range(self.rounds) if rank % (2 << r) == 0 and rank + (1 << r) < P)
+        if algorithm not in ("tree", "recursive_doubling"):
+            raise ValueError(f"algorithm={algorithm!r}: the compiled rounds run tree or recursive_doubling")
+        tree = algorithm == "tree"
+        self.fn = lib.gtopk_tree_allreduce if tree else lib.gtopk_rd_allreduce
+        self.rank, self.P, self.k, self.with_values, self._sum = rank, P, k, with_values, lib.gtopk_rd_sum
+        self.rounds = max(1, (P - 1).bit_length())  # merges of a rank: at most this many either way
+        P2 = 1 << (P.bit_length() - 1)
+        if tree:
+            self.merges = sum(1 for r in range(self.rounds) if rank % (2 << r) == 0 and rank + (1 << r) < P)
+        else:  # the fold's, then one per exchange (none above P2)
+            self.merges = 0 if rank >= P2 else (rank + P2 < P) + P2.bit_length() - 1
         self.dilation, self.trace, self.drops = dilation, trace, drops
         self._fds = np.asarray(fds, dtype=np.int32)
         self.drop_i = np.empty((self.rounds, 2 * k), dtype=np.int64) if drops else None

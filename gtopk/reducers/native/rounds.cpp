@@ -422,6 +422,79 @@ int gtopk_tree_allreduce(const TreeArgs* x) {
     return 0;
 }
 
+// gTop-k's recursive-doubling all-reduce (collective), as gtopk.reducers.schedules'
+// recursive_doubling with the gTop-k merge, bit for bit: rank i >= P2 (the largest power of two
+// <= P) sends its k entries to i - P2 and gets the result back (indices and values, or indices
+// only where with_values is 0); below P2, the fold, then an exchange with i XOR 2^s for each s,
+// each followed by a merge. Arguments as gtopk_tree_allreduce's (drops: one row per merge).
+int gtopk_rd_allreduce(const TreeArgs* x) {
+    const int rank = static_cast<int>(x->rank), P = static_cast<int>(x->P), ibytes = static_cast<int>(x->ibytes);
+    const int64_t k = x->k;
+    const bool with_values = x->with_values != 0;
+    double* stats = x->stats;
+    Ctx c{x->fds, rank, P, k, ibytes, x->timeout_s, x->spin_s, static_cast<int>(x->dilation), x->threads, x->pace,
+          stats, x->events, x->max_events};
+    std::memset(stats, 0, N_STATS * sizeof(double));
+    if ((x->align & BEFORE) && !c.barrier()) return c.code;
+    stats[SPAN0] = c.now();
+    int P2 = 1, steps = 0;
+    while (2 * P2 <= P) P2 *= 2, ++steps;
+    const int64_t nbytes = k * ibytes + 4 * k, bbytes = k * ibytes + (with_values ? 4 * k : 0);
+    Sparse item{std::vector<int64_t>(x->in_i, x->in_i + k), std::vector<float>(x->in_v, x->in_v + k)};
+    std::vector<int64_t> ui;
+    std::vector<float> uv, mag, part;
+    std::vector<uint8_t> wire(nbytes), msg;
+    ui.reserve(2 * k), uv.reserve(2 * k), mag.reserve(2 * k), part.reserve(2 * k);
+    int merges = 0;
+    auto merged = [&](int peer) {  // item = merge(item, wire), timed, its drops kept
+        double t0 = c.now();
+        int64_t* di = x->drop_i ? x->drop_i + merges * 2 * k : nullptr;
+        float* dv = x->drop_v ? x->drop_v + merges * 2 * k : nullptr;
+        if (!merge(item, wire.data(), k, ibytes, ui, uv, mag, part, di, dv, x->n_drop ? x->n_drop + merges : nullptr))
+            return c.fail(peer, -3);
+        ++merges;
+        c.event(MERGED);
+        stats[MERGE_S] += c.now() - t0;
+        return true;
+    };
+    if (rank >= P2) {
+        c.event(POST_RECV, rank - P2, bbytes);
+        c.event(ROUND, 0);
+        encode(item, ibytes, true, msg);
+        if (!c.send(rank - P2, msg.data(), nbytes)) return c.code;
+        c.event(ROUND, steps + 1);
+        msg.resize(bbytes);
+        if (!c.recv(rank - P2, msg.data(), bbytes)) return c.code;
+        for (int64_t i = 0; i < k; ++i) x->out_i[i] = index_at(msg.data(), ibytes, i);
+        if (with_values) std::memcpy(x->out_v, msg.data() + k * ibytes, 4 * k);
+    } else {
+        const bool fold = rank + P2 < P;
+        if (fold) c.event(POST_RECV, rank + P2, nbytes);
+        for (int s = 0; s < steps; ++s) c.event(POST_RECV, rank ^ (1 << s), nbytes);
+        if (fold) {
+            c.event(ROUND, 0);
+            if (!c.recv(rank + P2, wire.data(), nbytes) || !merged(rank + P2)) return c.code;
+        }
+        for (int s = 0; s < steps; ++s) {
+            const int peer = rank ^ (1 << s);
+            c.event(ROUND, 1 + s);
+            encode(item, ibytes, true, msg);
+            if (!c.exchange(peer, msg.data(), nbytes, wire.data(), nbytes) || !merged(peer)) return c.code;
+        }
+        if (fold) {
+            c.event(ROUND, steps + 1);
+            encode(item, ibytes, with_values, msg);
+            if (!c.send(rank + P2, msg.data(), bbytes)) return c.code;
+        }
+        std::copy(item.idx.begin(), item.idx.end(), x->out_i);
+        if (with_values) std::copy(item.val.begin(), item.val.end(), x->out_v);
+    }
+    stats[N_EVENTS] = static_cast<double>(c.n_events);
+    stats[SPAN1] = c.now();
+    if ((x->align & AFTER) && !c.barrier()) return c.code;
+    return 0;
+}
+
 // The exact put-back's sum (collective): recursive doubling with folding over the same
 // connections, as gtopk.reducers.schedules.recursive_doubling with a + b, bit for bit: rank i >=
 // P2 (the largest power of two <= P) sends its k values to i - P2 and gets the sum back; below
