@@ -1,4 +1,5 @@
-"""gTop-k's compiled rounds, tree and recursive doubling, and the exact put-back's sum (``gtopk.reducers.native``,
+"""gTop-k's compiled rounds, tree and recursive doubling, the exact put-back's sum and Ok-Topk's
+rotations (``gtopk.reducers.native``,
 ``transport=native``/``auto``) on real worker processes: the same updates, residuals, dropped mass and message counts as the Python
 rounds over the same sockets (``transport=socket``), bit for bit, at P = 2, 3, 5, 8 with both
 put-backs and with ties; the same trace events, which the critical-path analysis reads; the
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from gtopk.reducers import GTopKReducer, native, transport
+from gtopk.reducers.oktopk import OkTopKReducer
 from gtopk.reducers.transport import SocketTransport
 from gtopk.reducers.wire import RoundTrace
 from gtopk.run.spawn import spawn
@@ -52,6 +54,26 @@ def both_ways(rank: int, P: int) -> list[str]:
 @pytest.mark.parametrize("P", [2, 3, 5, 8])
 def test_the_compiled_rounds_are_the_python_rounds_bit_for_bit(P):
     assert spawn(both_ways, P, timeout=300) == [[]] * P
+
+
+def oktopk_both_ways(rank: int, P: int) -> list[str]:
+    """Eight Ok-Topk steps (regions re-computed, exact and threshold steps) with its rotations
+    compiled and in Python on the sockets; what differs."""
+    got = {}
+    for tr in ("native", "socket"):
+        r, out = OkTopKReducer(0.02, threshold_period=3, boundary_period=4, transport=tr), []
+        for s in range(8):
+            u, rec = r.reduce(torch.randn(6000, generator=torch.Generator().manual_seed(11 * s + rank)))
+            out.append((u, rec.messages_sent, rec.bytes_sent, rec.bytes_recv))
+        got[tr] = out, r.feedback.residual
+    (nat, res_n), (py, res_p) = got["native"], got["socket"]
+    bad = [f"step {n}" for n, (a, b) in enumerate(zip(nat, py)) if not torch.equal(a[0], b[0]) or a[1:] != b[1:]]
+    return bad + ([] if torch.equal(res_n, res_p) else ["residuals differ"])
+
+
+@pytest.mark.parametrize("P", [3, 4])
+def test_oktopk_s_compiled_rotations_are_its_python_rotations_bit_for_bit(P):
+    assert spawn(oktopk_both_ways, P, timeout=300) == [[]] * P
 
 
 def traced(rank: int, P: int) -> dict:

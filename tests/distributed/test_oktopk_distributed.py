@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gtopk.reducers import native
 from gtopk.reducers.costmodel import Traffic, dense_traffic
 from gtopk.reducers.oktopk import OkTopKReducer
 from gtopk.reducers.oktopk.cost import entry_bytes
@@ -62,6 +63,7 @@ class Spy:
         self.traffic, self.passed, self.padding = Traffic(), 0, 0
         self.saved = {n: getattr(dist, n) for n in ("all_gather", "all_reduce", "batch_isend_irecv")}
         self.saved_sockets = {n: getattr(SocketTransport, n) for n in ("isend", "irecv")}
+        self.saved_steps = native.steps
 
     def __enter__(self) -> Spy:
         def all_gather(out, tensor, group=None, async_op=False):
@@ -95,8 +97,16 @@ class Spy:
 
             return call
 
+        def steps(fds, rank, moves, **kw):  # the rotations compiled (the CPU's default where it builds)
+            for _, data, _, buf in moves:
+                n, r = (0 if data is None else data.size), (0 if buf is None else buf.size)
+                self.traffic = self.traffic + Traffic(int(data is not None), n, r)
+                self.passed += n
+            return self.saved_steps(fds, rank, moves, **kw)
+
         dist.all_gather, dist.all_reduce, dist.batch_isend_irecv = all_gather, all_reduce, batch_isend_irecv
         SocketTransport.isend, SocketTransport.irecv = on_socket("isend", True), on_socket("irecv", False)
+        native.steps = steps
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,6 +114,7 @@ class Spy:
             setattr(dist, n, f)
         for n, f in self.saved_sockets.items():
             setattr(SocketTransport, n, f)
+        native.steps = self.saved_steps
 
 
 def run_real(rank: int, P: int, cases: list[Case]) -> list[list[dict]]:

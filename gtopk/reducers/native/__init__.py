@@ -100,6 +100,8 @@ def _load() -> ctypes.CDLL | None:
     for name in ("gtopk_rd_allreduce", "gtopk_rd_sum"):
         getattr(lib, name).argtypes = [ctypes.POINTER(_TreeArgs)]
         getattr(lib, name).restype = i32
+    lib.gtopk_steps.argtypes = [ctypes.POINTER(_StepArgs)]
+    lib.gtopk_steps.restype = i32
     lib.gtopk_barrier.argtypes = [p, i32, i32, f64, f64, p]
     lib.gtopk_barrier.restype = i32
     _lib = lib
@@ -133,6 +135,64 @@ def spin_seconds(world_size: int) -> float:
 
 def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
+
+
+class _StepArgs(ctypes.Structure):
+    """``rounds.cpp``'s ``StepArgs``, field for field."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p if kind == "p" else ctypes.c_int64 if kind == "i" else ctypes.c_double)
+        for name, kind in (
+            ("fds", "p"), ("rank", "i"), ("P", "i"), ("n", "i"), ("dst", "p"), ("slen", "p"), ("src", "p"),
+            ("rlen", "p"), ("sbuf", "p"), ("rbuf", "p"), ("timeout_s", "d"), ("spin_s", "d"), ("dilation", "i"),
+            ("threads", "d"), ("pace", "p"), ("stats", "p"),
+        )
+    ]  # fmt: skip
+
+
+def steps(
+    fds: list[int],
+    rank: int,
+    moves: list[tuple[int, np.ndarray | None, int, np.ndarray | None]],
+    *,
+    timeout_s: float,
+    spin_s: float = 0.0,
+    dilation: int = 1,
+    threads: int = 1,
+    pace: list[float] | None = None,
+) -> None:
+    """Collective in pairs (what this rank sends to d in a step, d receives from it in its
+    matching step). Ok-Topk's rotation steps in one compiled call: ``moves[i] = (dst, data,
+    src, buf)``, send the uint8 array ``data`` to ``dst`` while receiving ``buf.size`` bytes
+    from ``src`` into ``buf`` (either None: nothing), step after step. ``pace``: as ``Tree``'s
+    (D > 1), updated in place. Raises as ``Tree.__call__``."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
+    n = len(moves)
+    dst = np.array([d if s is not None else -1 for d, s, _, _ in moves], dtype=np.int64)
+    src = np.array([r if b is not None else -1 for _, _, r, b in moves], dtype=np.int64)
+    slen = np.array([0 if s is None else s.size for _, s, _, _ in moves], dtype=np.int64)
+    rlen = np.array([0 if b is None else b.size for _, _, _, b in moves], dtype=np.int64)
+    sends = [s for _, s, _, _ in moves if s is not None and s.size]
+    sbuf = np.concatenate(sends) if sends else np.empty(0, dtype=np.uint8)
+    rbuf = np.empty(int(rlen.sum()), dtype=np.uint8)
+    stats, state = np.zeros(SPAN1 + 1, dtype=np.float64), np.array(pace if pace is not None else [-1.0, 0, 0, 0])
+    fd = np.asarray(fds, dtype=np.int32)
+    args = _StepArgs(
+        _ptr(fd), rank, len(fds), n, _ptr(dst), _ptr(slen), _ptr(src), _ptr(rlen), _ptr(sbuf), _ptr(rbuf),
+        timeout_s, spin_s, dilation, float(threads), _ptr(state), _ptr(stats),
+    )  # fmt: skip
+    code = lib.gtopk_steps(ctypes.byref(args))
+    if pace is not None:
+        pace[:] = state.tolist()
+    if code:
+        raise _failure(code, rank, int(stats[ERR_PEER]), int(stats[ERR_NO]), timeout_s)
+    at = 0
+    for _, _, _, b in moves:
+        if b is not None:
+            b[:] = rbuf[at : at + b.size]
+            at += b.size
 
 
 class Rounds:

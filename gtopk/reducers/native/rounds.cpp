@@ -95,18 +95,23 @@ struct Ctx {
     }
 
     // Wait until fd is ready for `what` (POLLIN/POLLOUT); false with stats set on a timeout.
-    bool wait(int peer, short what, double& idle_since) {
+    bool wait(int peer, short what, double& idle_since) { return wait2(peer, what, -1, 0, idle_since); }
+
+    // The same for two peers at once (peer b < 0 or what_b 0: one); a timeout names peer a.
+    bool wait2(int a, short what_a, int b, short what_b, double& idle_since) {
         double t = mono();
         if (spin_s > 0 && t - idle_since < spin_s) {
             sched_yield();
             return true;
         }
-        pollfd p{fds[peer], what, 0};
+        pollfd p[2] = {{a >= 0 ? fds[a] : -1, what_a, 0}, {b >= 0 ? fds[b] : -1, what_b, 0}};
+        int np = (b >= 0 && what_b) ? 2 : 1;
+        if (!what_a) p[0] = p[1], np = 1;
         double left = timeout_s - (t - idle_since);
         int ms = left <= 0 ? 0 : static_cast<int>(std::min(left * 1e3 + 1, 2e9));
-        int got = poll(&p, 1, ms);
-        if (got < 0 && errno != EINTR) return fail(peer, -4);
-        if (got == 0 && mono() - idle_since >= timeout_s) return fail(peer, -1);
+        int got = poll(p, np, ms);
+        if (got < 0 && errno != EINTR) return fail(a, -4);
+        if (got == 0 && mono() - idle_since >= timeout_s) return fail(what_a ? a : b, -1);
         return true;
     }
 
@@ -160,43 +165,49 @@ struct Ctx {
         return true;
     }
 
-    // Send n bytes to and receive m bytes from `peer` at once (the peer does the same): both
-    // directions move as the sockets allow, so that neither rank blocks in a full buffer.
+    // Send n bytes to `peer` and receive m bytes from it at once (the peer does the same).
     bool exchange(int peer, const uint8_t* sbuf, int64_t n, uint8_t* rbuf, int64_t m) {
         event(POST_SEND, peer, n);
-        int64_t sent = 0, got = 0;
-        double idle = mono();
-        while (sent < n || got < m) {
-            bool moved = false;
-            if (sent < n) {
-                ssize_t w = ::send(fds[peer], sbuf + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-                if (w > 0) {
-                    sent += w, moved = true;
-                } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                    return fail(peer, errno == EPIPE || errno == ECONNRESET ? -2 : -4);
-                }
-            }
-            if (got < m) {
-                ssize_t r = ::recv(fds[peer], rbuf + got, m - got, MSG_DONTWAIT);
-                if (r > 0) {
-                    got += r, moved = true;
-                } else if (r == 0) {
-                    return fail(peer, -2);
-                } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                    return fail(peer, errno == ECONNRESET ? -2 : -4);
-                }
-            }
-            if (moved) {
-                idle = mono();
-            } else if (!wait(peer, static_cast<short>((sent < n ? POLLOUT : 0) | (got < m ? POLLIN : 0)), idle)) {
-                return false;
-            }
-        }
+        if (!sendrecv(peer, sbuf, n, peer, rbuf, m)) return false;
         event(SENT, peer, n);
         event(RECEIVED, peer, m);
         stats[MSGS] += 1;
         stats[BYTES_SENT] += n;
         stats[BYTES_RECV] += m;
+        return true;
+    }
+
+    // Send n bytes to `dst` while receiving m bytes from `src` (either may be nothing): both
+    // directions move as the sockets allow, so that no rank blocks in a full buffer. Uncounted.
+    bool sendrecv(int dst, const uint8_t* sbuf, int64_t n, int src, uint8_t* rbuf, int64_t m) {
+        int64_t sent = 0, got = 0;
+        double idle = mono();
+        while (sent < n || got < m) {
+            bool moved = false;
+            if (sent < n) {
+                ssize_t w = ::send(fds[dst], sbuf + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) {
+                    sent += w, moved = true;
+                } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    return fail(dst, errno == EPIPE || errno == ECONNRESET ? -2 : -4);
+                }
+            }
+            if (got < m) {
+                ssize_t r = ::recv(fds[src], rbuf + got, m - got, MSG_DONTWAIT);
+                if (r > 0) {
+                    got += r, moved = true;
+                } else if (r == 0) {
+                    return fail(src, -2);
+                } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    return fail(src, errno == ECONNRESET ? -2 : -4);
+                }
+            }
+            if (moved) {
+                idle = mono();
+            } else if (!wait2(dst, sent < n ? POLLOUT : 0, src, got < m ? POLLIN : 0, idle)) {
+                return false;
+            }
+        }
         return true;
     }
 
@@ -545,6 +556,40 @@ int gtopk_rd_sum(const TreeArgs* x) {
     stats[N_EVENTS] = static_cast<double>(c.n_events);
     stats[SPAN1] = c.now();
     if ((x->align & AFTER) && !c.barrier()) return c.code;
+    return 0;
+}
+
+// Steps of point-to-point transfers on the rounds' connections (collective in pairs: what
+// rank r sends to d in a step, d receives from r in its matching step), for Ok-Topk's rotations:
+// step i sends slen[i] bytes (from sbuf, one after another) to dst[i] and receives rlen[i] bytes
+// (into rbuf, likewise) from src[i], both at once; a length of 0 moves nothing. Each step's
+// start paces the CPU time before it (dilation > 1; the state in `pace`, as in TreeArgs).
+struct StepArgs {
+    const int* fds;
+    int64_t rank, P, n;
+    const int64_t *dst, *slen, *src, *rlen;
+    const uint8_t* sbuf;
+    uint8_t* rbuf;
+    double timeout_s, spin_s;
+    int64_t dilation;
+    double threads;
+    double* pace;
+    double* stats;
+};
+
+int gtopk_steps(const StepArgs* x) {
+    Ctx c{x->fds, static_cast<int>(x->rank), static_cast<int>(x->P), 0, 4, x->timeout_s, x->spin_s,
+          static_cast<int>(x->dilation), x->threads, x->pace, x->stats, nullptr, 0};
+    std::memset(x->stats, 0, N_STATS * sizeof(double));
+    const uint8_t* s = x->sbuf;
+    uint8_t* r = x->rbuf;
+    for (int64_t i = 0; i < x->n; ++i) {
+        c.now();
+        int dst = static_cast<int>(x->dst[i]), src = static_cast<int>(x->src[i]);
+        if (!c.sendrecv(dst, s, x->slen[i], src, r, x->rlen[i])) return c.code;
+        s += x->slen[i], r += x->rlen[i];
+    }
+    c.now();
     return 0;
 }
 

@@ -18,6 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gtopk import host
+from gtopk.reducers import native
+from gtopk.reducers import transport as tcp
 from gtopk.reducers.costmodel import dense_traffic
 from gtopk.reducers.oktopk.cost import META_BYTES, Wire, count_bytes, entry_bytes, ring_gather
 from gtopk.reducers.oktopk.regions import SENTINEL, Sparse, balance_plan, block_length, pad
@@ -29,10 +32,21 @@ class Comm(PointToPoint):
     """One rank's side of Ok-Topk's communication in one ``reduce``."""
 
     def __init__(
-        self, rec: ReduceRecord, to_global, group, P: int, rank: int, m: int, device: torch.device, transport=None
+        self,
+        rec: ReduceRecord,
+        to_global,
+        group,
+        P: int,
+        rank: int,
+        m: int,
+        device: torch.device,
+        transport=None,
+        compiled: bool = False,
     ):
         super().__init__(rec, to_global, group, transport=transport)
         self.P, self.rank, self.m, self.device = P, rank, m, device
+        #: the rotations' steps run as one compiled call on ``transport`` (``gtopk.reducers.native``)
+        self.compiled = compiled and transport is not None
         self.entry = entry_bytes(m)
         #: counts travel as wide as an index (``oktopk_cost.count_bytes``)
         self.count_dtype = torch.int32 if count_bytes(m) == 4 else torch.int64
@@ -83,9 +97,8 @@ class Comm(PointToPoint):
         (if any) and receives ``incoming[rank - s]`` entries (if any), ranks mod P. Every
         pair agrees on what moves (both ends computed it), so empty messages are skipped.
         Returns what was received, by source."""
-        P, me, got = self.P, self.rank, {}
-        steps = sorted({(d - me) % P for d in outgoing} | {(me - s) % P for s in incoming})
-        for s in steps:
+        P, me, got, moves = self.P, self.rank, {}, []
+        for s in sorted({(d - me) % P for d in outgoing} | {(me - s) % P for s in incoming}):
             dst, src = (me + s) % P, (me - s) % P
             data = buf = None
             if dst in outgoing:
@@ -93,11 +106,28 @@ class Comm(PointToPoint):
                 self._count_send(data)
             if src in incoming:
                 buf = self.codec(incoming[src]).empty()
-            self.sendrecv(data, dst, buf, src)
+            if not self.compiled:
+                self.sendrecv(data, dst, buf, src)
+            moves.append((dst, data, src, buf))
+        if self.compiled and moves:
+            self._steps_compiled(moves)
+        for _, _, src, buf in moves:
             if buf is not None:
                 self.rec.bytes_recv += buf.numel()
                 got[src] = self.codec(incoming[src]).unpack(buf)
         return got
+
+    def _steps_compiled(self, moves: list) -> None:
+        """The rotation's steps (dst, data, src, buffer) in one compiled call (``native.steps``)."""
+        pace = host.pacing_state() if host.dilation() > 1 else None
+        native.steps(
+            self.transport.fds(), self.rank, [(d, t if t is None else t.numpy(), s, b if b is None else b.numpy())
+                                              for d, t, s, b in moves],
+            timeout_s=tcp.TIMEOUT_S, spin_s=native.spin_seconds(self.P), dilation=host.dilation(), pace=pace,
+            threads=max(1, torch.get_num_threads()),
+        )  # fmt: skip
+        if pace is not None:
+            host.set_pacing_state(pace)
 
     def _count_send(self, data: Tensor) -> None:
         self.rec.messages_sent += 1

@@ -175,7 +175,8 @@ class OkTopKReducer(SparseReducer):
         vals = acc[sel]
         t1 = clock()
         t1c = self._commu_start(clock)
-        comm = Comm(rec, self.peer, self.group, P, me, m, grad.device, self.p2p_transport(grad.device))
+        sockets = self.p2p_transport(grad.device)
+        comm = Comm(rec, self.peer, self.group, P, me, m, grad.device, sockets, sockets is self._compiled_sockets())
         with one_thread(grad.device.type == "cpu"):  # short ops on k-sized tensors (as gTop-k's merges)
             (final_idx, final_val), glob, bounds = self._aggregate(comm, sel, vals, k, exact, rec, clock)
         t2 = self._commu_end(clock)  # every rank holds the final entries
