@@ -1,5 +1,6 @@
-"""gTop-k's tree all-reduce compiled: every round of a call in one C++ function (``rounds.cpp``),
-and so the exact put-back's sum of the k values (``Tree.sum``).
+"""gTop-k's all-reduce compiled: every round of a call in one C++ function (``rounds.cpp``), for
+the tree and recursive doubling (``Tree``), the exact put-back's sum (``Tree.sum``), and
+Ok-Topk's rotation steps (``steps``).
 
 A round of the Python schedules (``gtopk.reducers.schedules``) over the rounds' sockets costs
 tens of microseconds of interpreter work per message (posting, encoding, decoding, the NumPy
@@ -108,6 +109,14 @@ def _load() -> ctypes.CDLL | None:
     return lib
 
 
+def _loaded() -> ctypes.CDLL:
+    """The library, else a RuntimeError saying why it does not load."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
+    return lib
+
+
 def why_unavailable() -> str | None:
     """Local. None where the compiled rounds load (building them first where needed), else why not."""
     _load()
@@ -166,9 +175,7 @@ def steps(
     src, buf)``, send the uint8 array ``data`` to ``dst`` while receiving ``buf.size`` bytes
     from ``src`` into ``buf`` (either None: nothing), step after step. ``pace``: as ``Tree``'s
     (D > 1), updated in place. Raises as ``Tree.__call__``."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
+    lib = _loaded()
     n = len(moves)
     dst = np.array([d if s is not None else -1 for d, s, _, _ in moves], dtype=np.int64)
     src = np.array([r if b is not None else -1 for _, _, r, b in moves], dtype=np.int64)
@@ -237,9 +244,7 @@ class Tree:
         trace: bool = False,
         drops: bool = False,
     ):
-        lib = _load()
-        if lib is None:
-            raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
+        lib = _loaded()
         P = len(fds)
         if algorithm not in ("tree", "recursive_doubling"):
             raise ValueError(f"algorithm={algorithm!r}: the compiled rounds run tree or recursive_doubling")
@@ -332,9 +337,7 @@ def barrier(fds: list[int], rank: int, *, timeout_s: float, spin_s: float = 0.0)
     a message's time of each other, where a receive may spin (``spin_seconds``), so that a
     clock read right after it starts every rank's span together (``align_timing``). Raises
     as ``tree_allreduce``."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the compiled gTop-k rounds are unavailable: {_failed}")
+    lib = _loaded()
     stats = np.zeros(SPAN1 + 1, dtype=np.float64)
     code = lib.gtopk_barrier(_ptr(np.asarray(fds, dtype=np.int32)), rank, len(fds), timeout_s, spin_s, _ptr(stats))
     if code:
