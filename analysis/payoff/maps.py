@@ -8,7 +8,8 @@ target, and they stopped while still rising or below coverage 5: ``analysis.payo
 ``not reached`` (no run reached the target), ``no time`` (no t_iter: the compute profile lacks
 the model). ``~`` marks a cell whose iterations are borrowed from another P (``--borrow``);
 ``(noise)`` a cell whose fastest reducer is within the noise of the seeds of the next
-(``analysis.payoff.verdict``). The first row of panels is each reducer at its best trained
+(``analysis.payoff.verdict``), ``(1 seed)`` one where a reducer had a single seed (a plain
+comparison, no noise band). The first row of panels is each reducer at its best trained
 density (``payoff_best.csv``), its cells naming the rho picked."""
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def cell_text(c: pd.Series) -> str:
     text = f"{name}\nno {reference_display()}" if math.isnan(c["speedup"]) else f"{name}\n{c['speedup']:.2g}x"
     if not c.get("separated", True):
         text += "\n(noise)"
+    elif c.get("min_seeds", 2) < 2:
+        text += "\n(1 seed)"
     return ("~" if c["borrowed"] else "") + text
 
 
@@ -102,7 +105,7 @@ def plot(cells: pd.DataFrame, name: str, best: pd.DataFrame | None = None) -> pl
         "~: iterations borrowed from the nearest trained P (--borrow); grey: no run (no training run at that P), "
         "budget-limited (not reached, but stopped while rising or below coverage 5), "
         "not reached (no run reached the target), no time (no t_iter for this compute profile); "
-        "(noise): within the seeds' spread of the next fastest",
+        "(noise): within the seeds' spread of the next fastest; (1 seed): a plain comparison, no noise band",
         fontsize=7,
         va="bottom",
     )

@@ -8,7 +8,8 @@ With several seeds a cell has a spread of times to target (``time_min`` .. ``tim
 the seeds' iterations x t_iter). "X reaches the target sooner than Y" is said only where it
 holds across that spread: X's slowest seed is faster than Y's fastest (``time_max`` of X <
 ``time_min`` of Y); otherwise the two are *within the noise* of the seeds. With one seed the
-spread is the single time, and the rule is the plain comparison."""
+spread is the single time and the rule is the plain comparison, which no noise band backs:
+the line says so (``one seed at P = 4: no noise band``), as the map and ``payoff_versus`` do."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def fastest(df: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
     DDP time), ``separated`` (its slowest seed beats every other reducer's fastest),
     ``runner_up``, ``beats_ddp`` (its slowest seed beats DDP's fastest), ``seeds`` (the most
     any reducer had), ``borrowed`` (iterations from another P), bandwidth and whether
-    calibrated. DDP: the reference baseline (``analysis.reducers.reference_baseline``)."""
+    calibrated, ``min_seeds`` (the fewest any reducer with a time had: 1 = a plain comparison).
+    DDP: the reference baseline (``analysis.reducers.reference_baseline``)."""
     keys = CELL if keys is None else keys
     ref = reference_baseline()
     rows = []
@@ -56,6 +58,7 @@ def fastest(df: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
             rows.append(row)
             continue
         lo, hi = spread(ok)
+        row["min_seeds"] = int(ok["seeds"].min()) if "seeds" in ok and ok["seeds"].notna().all() else 1
         i = ok["time_to_target"].idxmin()
         best, others = ok.loc[i], ok.drop(index=i)
         ddp = ok[ok["reducer"] == ref]
@@ -95,7 +98,7 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     gain = both["beats_ddp"].astype(bool) & (both["speedup"] > 1)
     ddp_first = (both["fastest"] == ref) & both["separated"].astype(bool)
     noise = both[~gain & ~ddp_first]["nodes"]
-    seeds = f" ({int(both['seeds'].max())} seeds)" if both["seeds"].max() > 1 else ""
+    seeds = _seeds(both)
     within = f"; within the noise of the seeds at P = {_ps(noise)}" if len(noise) else ""
     if not gain.any():
         if not ddp_first.any():
@@ -114,6 +117,16 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     elif not losing.empty:
         text += f"; no gain at P = {_ps(losing)}"
     return text + within + seeds + tail
+
+
+def _seeds(both: pd.DataFrame) -> str:
+    """``" (3 seeds)"``, or where a reducer had one seed ``" (up to 3 seeds; one seed at P = 4:
+    no noise band)"``: that P's verdict is a plain comparison."""
+    most = int(both["seeds"].max())
+    single = both[both["min_seeds"] < 2]["nodes"] if "min_seeds" in both else both["nodes"][:0]
+    if single.empty:
+        return f" ({most} seeds)" if most > 1 else ""
+    return f" ({f'up to {most} seeds; ' if most > 1 else ''}one seed at P = {_ps(single)}: no noise band)"
 
 
 def _every(both: pd.DataFrame, mask: pd.Series) -> str:

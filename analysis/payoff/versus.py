@@ -7,7 +7,8 @@ against each payoff baseline (``analysis.reducers.payoff_baselines``: DDP, DDP-f
 that has a row there. ``ratio`` = the baseline's time to target / the reducer's (above 1: the
 reducer is sooner); ``verdict`` says it only where it holds across the seeds (as
 ``analysis.payoff.verdict``): ``sooner`` where the reducer's slowest seed beats the baseline's
-fastest, ``later`` the other way round, else ``within the noise``; where either has no time,
+fastest, ``later`` the other way round, else ``within the noise`` (with one seed on either side
+the plain comparison, its ``sooner`` or ``later`` marked ``, one seed: no noise band``); where either has no time,
 the status that says why (``Top-k budget-limited``, ``PowerSGD no run``). ``t_iter_source`` and
 ``baseline_t_iter_source``: measured (a benchmark job, e.g. ``make validate-model``'s) or
 modelled. Pure functions of payoff's tables; nothing here is collective.
@@ -52,6 +53,8 @@ def versus(best: pd.DataFrame) -> pd.DataFrame:
                 if why is None:
                     i, j = mine.name, b.name
                     word = "sooner" if hi[i] < lo[j] else "later" if hi[j] < lo[i] else "within the noise"
+                    if word != "within the noise" and min(mine["seeds"], b["seeds"]) < 2:
+                        word += ", one seed: no noise band"
                     row.update(ratio=b["time_to_target"] / mine["time_to_target"], verdict=word)
                 else:
                     row.update(ratio=math.nan, verdict=why)

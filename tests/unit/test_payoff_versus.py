@@ -51,6 +51,26 @@ def test_a_verdict_only_where_it_holds_across_the_seeds():
     )
 
 
+def test_one_seed_on_either_side_is_a_plain_comparison_and_says_so():
+    best = pd.DataFrame(
+        [
+            best_row("gtopk", 4, 0.1, 10.0, 10.0, 10.0, seeds=1),
+            best_row("ddp", 4, 0.1, 30.0, 28.0, 33.0),  # three seeds, all slower than gTop-k's one
+            best_row("gtopk", 4, 1.0, 10.0, 9.0, 11.0),
+            best_row("ddp", 4, 1.0, 5.0, 5.0, 5.0, seeds=1),  # one seed, faster than gTop-k's three
+            best_row("gtopk", 4, 10.0, 10.0, 9.0, 11.0),
+            best_row("ddp", 4, 10.0, 10.5, 10.5, 10.5, seeds=1),  # inside gTop-k's spread: no claim made
+            best_row("gtopk", 32, 0.1, 10.0, 9.0, 11.0),
+            best_row("ddp", 32, 0.1, 30.0, 28.0, 33.0),  # three seeds a side: the plain word
+        ]
+    )
+    vs = versus.versus(best).set_index(["nodes", "bandwidth_gbps"])["verdict"]
+    assert vs[(4, 0.1)] == "sooner, one seed: no noise band"
+    assert vs[(4, 1.0)] == "later, one seed: no noise band"
+    assert vs[(4, 10.0)] == "within the noise"
+    assert vs[(32, 0.1)] == "sooner"
+
+
 @pytest.mark.slow
 def test_each_reducer_against_each_baseline_across_the_seeds(records):  # noqa: F811
     train_job(records["runs"], "gtopk", 4, curve=[0.45, 0.75, 0.90, 0.915], seed=1)  # 40 iterations; seed 0: 30
@@ -65,15 +85,15 @@ def test_each_reducer_against_each_baseline_across_the_seeds(records):  # noqa: 
     slow, fast = vs.loc[("gtopk", 4, "0.1 Gbit/s")], vs.loc[("gtopk", 4, "10 Gbit/s")]
     ddp, mine = one(df, "ddp", 4, "0.1 Gbit/s"), one(df, "gtopk", 4, "0.1 Gbit/s")
     assert ddp["time_min"] > mine["time_max"]  # test_payoff_seeds: a verdict at 0.1 Gbit/s ...
-    assert (slow["verdict"], slow["seeds"]) == ("sooner", 2)
+    assert (slow["verdict"], slow["seeds"]) == ("sooner, one seed: no noise band", 2)  # DDP: dense's one seed
     assert slow["ratio"] == pytest.approx(ddp["time_to_target"] / mine["time_to_target"])
     assert fast["verdict"] == "within the noise"  # ... none at 10 Gbit/s (DDP inside gTop-k's spread)
-    assert vs.loc[("gtopk", 4, "1 Gbit/s"), "verdict"] == "sooner"  # ... and one at 1 Gbit/s, as there
+    assert vs.loc[("gtopk", 4, "1 Gbit/s"), "verdict"] == "sooner, one seed: no noise band"  # ... and at 1 Gbit/s
     assert vs.loc[("topk", 4, "1 Gbit/s"), "verdict"] == "Top-k budget-limited"
     assert vs.loc[("gtopk", 4, "emulated (1 Gbit/s)"), "t_iter_source"] == "measured"  # the P = 4 benchmark job
     assert (slow["t_iter_source"], slow["baseline_t_iter_source"]) == ("modelled", "modelled")
     md = versus.markdown(vs.reset_index())
-    assert "| 4 | 0.1 Gbit/s | gTop-k | DDP | " in md and "| sooner (2 / 1 seeds) | modelled / modelled |" in md
+    assert "| 4 | 0.1 Gbit/s | gTop-k | DDP | " in md and "| sooner, one seed: no noise band (2 / 1 seeds) | modelled / modelled |" in md
     assert "| 100 Gbit/s |" not in md  # the sweep's 0.1, 1 and 10 Gbit/s and the calibrated networks
 
 
@@ -82,3 +102,15 @@ def test_make_payoff_writes_the_versus_table(records):  # noqa: F811
     run_payoff(records)
     vs = pd.read_csv(records["out"] / "payoff_versus.csv")
     assert {"ddp"} <= set(vs["baseline"]) and (records["out"] / "payoff_versus.md").stat().st_size > 0
+
+
+def test_the_map_marks_a_cell_decided_by_a_single_seed():
+    from analysis.payoff.maps import cell_text
+
+    def cell(separated: bool, min_seeds: int) -> pd.Series:
+        c = {"state": "ok", "fastest": "gtopk", "fastest_rho": 0.001, "speedup": 2.0, "borrowed": False}
+        return pd.Series(c | {"separated": separated, "min_seeds": min_seeds})
+
+    assert cell_text(cell(True, 3)) == "gTop-k 0.001\n2x"
+    assert cell_text(cell(True, 1)) == "gTop-k 0.001\n2x\n(1 seed)"
+    assert cell_text(cell(False, 3)).endswith("\n(noise)")
