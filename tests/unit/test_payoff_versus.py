@@ -93,7 +93,10 @@ def test_each_reducer_against_each_baseline_across_the_seeds(records):  # noqa: 
     assert vs.loc[("gtopk", 4, "emulated (1 Gbit/s)"), "t_iter_source"] == "measured"  # the P = 4 benchmark job
     assert (slow["t_iter_source"], slow["baseline_t_iter_source"]) == ("modelled", "modelled")
     md = versus.markdown(vs.reset_index())
-    assert "| 4 | 0.1 Gbit/s | gTop-k | DDP | " in md and "| sooner, one seed: no noise band (2 / 1 seeds) | modelled / modelled |" in md
+    assert (
+        "| 4 | 0.1 Gbit/s | gTop-k | DDP | " in md
+        and "| sooner, one seed: no noise band (2 / 1 seeds) | modelled / modelled |" in md
+    )
     assert "| 100 Gbit/s |" not in md  # the sweep's 0.1, 1 and 10 Gbit/s and the calibrated networks
 
 
