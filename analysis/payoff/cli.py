@@ -221,7 +221,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--bench",
         action="append",
-        help="folders of benchmark jobs whose t_iter counts as measured "
+        help="folders of benchmark jobs whose t_iter counts as measured, or `none` (every t_iter modelled) "
         "(default: the folder two levels above each network profile, e.g. runs/fig6_reproduce, "
         f"and those of {', '.join(DEFAULT_RUNS)} that exist)",
     )
@@ -250,6 +250,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"--target-acc/--relative {acc} is outside (0, 1]; give a top-1 fraction, e.g. 0.95")
     if not args.network:
         args.network = default_profiles()
+    if args.bench and "none" in args.bench:
+        if len(args.bench) > 1:
+            raise SystemExit("--bench none: it means no benchmark jobs; give it alone, or folders without it")
+        args.bench = []
     if args.bench is None:  # the jobs measured on each profile's network, and make validate-model's
         near = {str(Path(n).parents[2]) for n in args.network if n != "paper" and len(Path(n).parents) > 2}
         args.bench = sorted(near | {r for r in DEFAULT_RUNS if Path(r).is_dir()})

@@ -40,7 +40,8 @@ def paper_length(overrides: list[str]) -> None:
     against coverage along training beside the grid's budget (``analysis.figures.budgets``:
     the archived ``fig5_scale`` runs), published to ``analysis/results/fig5_paper_length/``;
     ``make payoff``'s verdicts at this length on the calibrated 1 Gbit/s profile
-    (``PAYOFF_NETWORK``) published beside them; then the README's answer table
+    (``PAYOFF_NETWORK``), every t_iter modelled (``--bench none``: no benchmark job left in
+    this clone's runs/ decides a published number), published beside them; then the README's answer table
     (``analysis.readme``)."""
     given = list(overrides)
     overrides = merged(["experiment=fig5_paper_length"], overrides)
@@ -56,7 +57,7 @@ def paper_length(overrides: list[str]) -> None:
                "--stem", f"{stem}_budgets", "--out", str(PAPER_LENGTH_RESULTS)])  # fmt: skip
     started = time.time()
     steps.run([sys.executable, "-m", "analysis.payoff", str(runs), "--network", str(PAYOFF_NETWORK),
-               "--out", str(runs / "analysis")])  # fmt: skip
+               "--bench", "none", "--out", str(runs / "analysis")])  # fmt: skip
     publish.publish(
         publish.destination(overrides, "fig5_paper_length", runs),
         publish.outputs_of(runs / "analysis", ["payoff_verdicts", "payoff_versus"]),

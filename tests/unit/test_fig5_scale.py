@@ -156,6 +156,7 @@ def test_reproduce_paper_length_ends_with_the_payoff_and_the_readme(monkeypatch)
     payoff = calls[2]
     assert payoff[3] == "runs/fig5_paper_length"
     assert payoff[payoff.index("--network") + 1] == str(at_scale.PAYOFF_NETWORK) and at_scale.PAYOFF_NETWORK.exists()
+    assert payoff[payoff.index("--bench") + 1] == "none"  # not whatever benchmark jobs this clone's runs/ holds
     ((dest, outputs, cmd),) = published
     assert dest == at_scale.PAPER_LENGTH_RESULTS
     assert {"payoff_verdicts.txt", "payoff_versus.md", "payoff_versus.csv"} <= set(outputs)

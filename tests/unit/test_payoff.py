@@ -240,6 +240,22 @@ def test_default_profiles_one_per_cluster_and_validation_jobs_count_as_measured(
     assert (row["t_iter"], row["t_iter_source"]) == (0.4, "measured")
 
 
+def test_bench_none_models_every_t_iter_whatever_this_clones_runs_hold(records, monkeypatch):
+    """``--bench none``: no benchmark job counts as measured, not even the default folders'
+    (runs/model_validation here measured gTop-k at P = 4 on this cluster); with other
+    folders it is refused in one line."""
+    monkeypatch.chdir(records["out"].parent)
+    bench_job(Path("runs/model_validation"), "gtopk", 4, 0.01, 0.4, records["local"])
+    base = [str(records["runs"]), "--network", str(records["net"]), "--compute", str(records["local"])]
+    assert set(payoff.arguments(base).bench) == {"runs/model_validation", str(records["net"].parents[2])}
+    assert payoff.arguments([*base, "--bench", "none"]).bench == []
+    payoff.main([*base, "--bench", "none", "--out", "out"])
+    df = pd.read_csv("out/payoff.csv")
+    assert set(df["t_iter_source"]) == {"modelled"}
+    with pytest.raises(SystemExit, match="--bench none: it means no benchmark jobs"):
+        payoff.arguments([*base, "--bench", "none", "--bench", str(records["bench"])])
+
+
 def test_no_network_profile_calibrates_this_machines_cluster(records, monkeypatch, capsys):
     """No profile anywhere: the netbench step of make reproduce-fig6 runs first (here a
     stand-in that writes the profile it would, so that the test needs no root or network)."""
