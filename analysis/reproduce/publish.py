@@ -1,5 +1,6 @@
 """Publishing: a ``make reproduce-*`` target's current outputs copied to ``analysis/results/<name>/``
-with ``provenance.md`` (the command, the commit and whether the tree had uncommitted changes, the
+with ``provenance.md`` (the command, the commit and whether the tree had uncommitted changes
+outside ``analysis/results/``, the
 machine, the date, and the commits and machines the runs record).
 
 * ``publish(dest, outputs, command, since=..., inputs=..., runs=...)``: each output (a dict
@@ -57,10 +58,11 @@ def cpu_model() -> str:
 
 def origin() -> dict:
     """Where and when this is made: ``commit`` (short hash, "unknown" outside a checkout),
-    ``dirty`` (tracked files with uncommitted changes), ``host``, ``cpu``, ``cpus``, ``date``."""
+    ``dirty`` (tracked files with uncommitted changes, published results aside: a target's own
+    earlier outputs are not a change to what made them), ``host``, ``cpu``, ``cpus``, ``date``."""
     return {
         "commit": git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)",
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)analysis/results")),
         "host": platform.node(),
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),

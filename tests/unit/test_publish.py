@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -209,3 +210,25 @@ def test_the_scale_figures_keep_the_payoffs_provenance_beside_them(tmp_path):
     assert (dest / "fig5_scale.png").read_text() == "new"
     assert "made by an older run" not in prov and "cells: 0 of 1 finished (1 missing)" in prov
     assert publish.sections(prov) == [(["payoff_versus.md"], "* command: `python -m analysis.payoff runs/fig5_scale`")]
+
+
+def test_a_tree_is_dirty_by_its_code_not_by_results_already_published(tmp_path, monkeypatch):
+    """provenance.md's "uncommitted changes": a target that publishes twice (the figures,
+    then the payoff) changed analysis/results/ itself; only other tracked files count."""
+
+    def sh(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "analysis/results/fig").mkdir(parents=True)
+    (tmp_path / "analysis/results/fig/fig.csv").write_text("a\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    sh("init", "-q")
+    sh("add", ".")
+    sh("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    monkeypatch.setattr(publish, "ROOT", tmp_path)
+    assert publish.origin()["dirty"] is False
+    (tmp_path / "analysis/results/fig/fig.csv").write_text("b\n")
+    assert publish.origin()["dirty"] is False
+    assert "(clean tree)" in publish.provenance_lines("cmd", publish.origin())[1]
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert publish.origin()["dirty"] is True
