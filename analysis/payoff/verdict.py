@@ -24,6 +24,9 @@ SETUP = ["model", "data", "batch_per_worker", "grad_accum"]
 CELL = SETUP + ["density", "nodes", "network", "compute_profile", "target"]
 #: a cell's state when no reducer reaches the target, by priority
 STATES = ("budget-limited", "not reached", "no time", "no run")
+#: a reducer whose time to target is within this fraction of DDP's is level with it, not a gain
+#: (dense against DDP: the same runs, t_iter apart by the bucketing's few microseconds)
+LEVEL = 0.005
 
 
 def spread(g: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -95,28 +98,38 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
     if both.empty:
         states = ", ".join(f"P = {int(c['nodes'])}: {c['state']}" for _, c in trained.iterrows()) or "no trained P"
         return f"{head}no P where {ddp_name} and another reducer both have a time to {target} ({states}){tail}"
-    gain = both["beats_ddp"].astype(bool) & (both["speedup"] > 1)
     ddp_first = (both["fastest"] == ref) & both["separated"].astype(bool)
-    noise = both[~gain & ~ddp_first]["nodes"]
+    level = ~ddp_first & (both["speedup"] - 1).abs().lt(LEVEL)  # e.g. dense against DDP: the same runs
+    gain = both["beats_ddp"].astype(bool) & (both["speedup"] > 1) & ~level
+    noise = both[~gain & ~ddp_first & ~level]["nodes"]
     seeds = _seeds(both)
     within = f"; within the noise of the seeds at P = {_ps(noise)}" if len(noise) else ""
+    even = f"; level with {ddp_name} (within {LEVEL:.1%}) at P = {_ps(both[level]['nodes'])}" if level.any() else ""
     if not gain.any():
         if not ddp_first.any():
-            return f"{head}within the noise of the seeds at every trained P ({_ps(both['nodes'])}){seeds}{tail}"
-        return f"{head}{ddp_name} reaches {target} soonest at {_every(both, ddp_first)}{within}{seeds}{tail}"
+            if not level.any():
+                return f"{head}within the noise of the seeds at every trained P ({_ps(both['nodes'])}){seeds}{tail}"
+            return f"{head}{(within + even)[2:]}{seeds}{tail}"
+        return f"{head}{ddp_name} reaches {target} soonest at {_every(both, ddp_first)}{within}{even}{seeds}{tail}"
     best = both[gain].loc[both[gain]["speedup"].idxmax()]
     text = (
-        f"{head}{display(best['fastest'])} reaches {target} {best['speedup']:.1f}x sooner than {ddp_name} "
+        f"{head}{display(best['fastest'])} reaches {target} {times(best['speedup'])} sooner than {ddp_name} "
         f"{against(rows, best['fastest'], int(best['nodes']))}at P = {int(best['nodes'])}"
     )
     losing = both[ddp_first]["nodes"]
-    if losing.empty and noise.empty:
+    if losing.empty and noise.empty and not level.any():
         text += f"; a gain at every trained P ({_ps(both['nodes'])})"
     elif not losing.empty and losing.max() < both[gain]["nodes"].min():
         text += f"; no gain below P = {int(both[gain]['nodes'].min())}"
     elif not losing.empty:
         text += f"; no gain at P = {_ps(losing)}"
-    return text + within + seeds + tail
+    return text + within + even + seeds + tail
+
+
+def times(ratio: float) -> str:
+    """``2.8x``; ``1.01x`` where one decimal would print a gain as ``1.0x``."""
+    text = f"{ratio:.1f}x"
+    return f"{ratio:.2f}x" if text == "1.0x" else text
 
 
 def _seeds(both: pd.DataFrame) -> str:

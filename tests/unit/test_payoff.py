@@ -307,3 +307,32 @@ def test_ddp_fp16_is_a_second_speedup_column_and_both_baselines_are_named_in_the
         "(one seed at P = 4: no noise band)"
     )
     assert set(CELL) <= set(df.columns)
+
+
+def test_a_ratio_within_half_a_percent_of_ddp_is_level_not_a_gain():
+    """dense against DDP (the same runs, t_iter apart by microseconds) was "1.0x sooner ... a
+    gain"; a small real gain prints two decimals rather than 1.0x."""
+    from analysis.payoff.verdict import fastest, verdict
+
+    cell = {"model": "resnet20", "data": "digits", "batch_per_worker": 32, "grad_accum": 1, "density": 0.001}
+    cell.update(network="10 Gbit/s", compute_profile="p102", target="99 % of dense", bandwidth_gbps=10.0)
+
+    def line(times: dict[tuple[str, int], float]) -> str:
+        rows = pd.DataFrame(
+            [
+                cell
+                | {"nodes": P, "reducer": r, "status": "reached", "time_to_target": t, "seeds": 3}
+                | {"time_min": t, "time_max": t, "calibrated": False, "borrowed": False}
+                for (r, P), t in times.items()
+            ]
+        )
+        df = payoff.with_speedups(rows)
+        return verdict(fastest(df), df).split(": ", 1)[1]
+
+    assert line({("ddp", 4): 10.004, ("dense", 4): 10.0}) == "level with DDP (within 0.5%) at P = 4 (3 seeds)"
+    assert line({("ddp", 4): 10.1, ("gtopk", 4): 10.0}) == (
+        "gTop-k reaches 99 % of dense 1.01x sooner than DDP at P = 4; a gain at every trained P (4) (3 seeds)"
+    )
+    assert line({("ddp", 4): 10.004, ("dense", 4): 10.0, ("ddp", 32): 30.0, ("gtopk", 32): 10.0}) == (
+        "gTop-k reaches 99 % of dense 3.0x sooner than DDP at P = 32; level with DDP (within 0.5%) at P = 4 (3 seeds)"
+    )
