@@ -109,7 +109,7 @@ def verdict(cells: pd.DataFrame, rows: pd.DataFrame) -> str:
         if not ddp_first.any():
             if not level.any():
                 return f"{head}within the noise of the seeds at every trained P ({_ps(both['nodes'])}){seeds}{tail}"
-            return f"{head}{(within + even)[2:]}{seeds}{tail}"
+            return f"{head}{(within + even).removeprefix('; ')}{seeds}{tail}"
         return f"{head}{ddp_name} reaches {target} soonest at {_every(both, ddp_first)}{within}{even}{seeds}{tail}"
     best = both[gain].loc[both[gain]["speedup"].idxmax()]
     text = (
@@ -136,7 +136,7 @@ def _seeds(both: pd.DataFrame) -> str:
     """``" (3 seeds)"``, or where a reducer had one seed ``" (up to 3 seeds; one seed at P = 4:
     no noise band)"``: that P's verdict is a plain comparison."""
     most = int(both["seeds"].max())
-    single = both[both["min_seeds"] < 2]["nodes"] if "min_seeds" in both else both["nodes"][:0]
+    single = both.loc[both["min_seeds"] < 2, "nodes"]  # fastest() sets it on every cell with a time
     if single.empty:
         return f" ({most} seeds)" if most > 1 else ""
     return f" ({f'up to {most} seeds; ' if most > 1 else ''}one seed at P = {_ps(single)}: no noise band)"
