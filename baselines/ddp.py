@@ -155,6 +155,11 @@ class DDPReducer(DenseReducer):
     simulatable = False
     #: set by ``wrap`` (P > 1): the backward passes that run and time DDP's all-reduces
     hooked_backward: TimedAllReduce | None = None
+    #: whether the hook computes more than it sends (PowerSGD's compression): with one worker,
+    #: where no hook runs, ``time_hook_alone`` times it anyway (t_compr) for the model to add at P
+    hook_arithmetic = False
+    #: set by ``time_hook_alone``: a twin of this reducer on a one-rank in-process group
+    alone: "DDPReducer | None" = None
 
     @classmethod
     def bucket_commu(cls, P: int, bucket: list[tuple[int, ...]], net: Network, **settings) -> float:
@@ -214,7 +219,29 @@ class DDPReducer(DenseReducer):
         """Elements of the all-reduces the hook issued since the last step (P = 1: none)."""
         return self.hooked_backward.take_sent() if self.hooked_backward else []
 
+    def twin(self) -> "DDPReducer":
+        """A new reducer of this class with these settings and no state."""
+        return type(self)(bucket_mb=self.bucket_mb)
+
+    def time_hook_alone(self, model: nn.Module, input_shape: tuple[int, ...] | None) -> None:
+        """Local. With one worker DDP is not used and no hook runs (``wrap``). A reducer whose
+        hook computes (``hook_arithmetic``) times it anyway: a ``twin`` on a one-rank
+        in-process group (``gtopk.simulated.hooks``, DDP's buckets for inputs of
+        ``input_shape``) runs the hook on each step's gradient, its result discarded, and the
+        time is the step's ``t_compr`` (as torch's DDP, which runs its hook with one rank
+        too); a job at P > 1 has it inside ``t_commu_backward``. The twin is not
+        checkpointed: a resumed job's starts again. Elsewhere: nothing."""
+        if self.world_size != 1 or not self.hook_arithmetic:
+            return
+        twin, shared = self.twin(), HookGroup(1, model, input_shape, self.bucket_mb)
+        twin.simulation, twin.comm_state = shared, twin.hook_state(shared.group(0), model)
+        self.alone = twin
+
     def _reduce(self, grad: Tensor, rec: ReduceRecord, clock: Clock, out: Tensor | None = None) -> Tensor:
+        if self.alone is not None:  # one worker: the hook's arithmetic, timed (``time_hook_alone``)
+            t0 = clock()
+            hook_group([self.alone], [grad])  # its buckets are copies: grad is not touched
+            rec.t_compr = clock() - t0
         self.record(rec, [n for n in self._sent() if n], grad.numel(), self.world_size)
         return grad if out is None or out is grad else out.copy_(grad)
 

@@ -61,6 +61,7 @@ class PowerSGDReducer(DDPReducer):
     plot_order = 40
     exact_average = False  # a rank-r approximation
     reference = None
+    hook_arithmetic = True  # its compression: timed with one worker too (``time_hook_alone``)
 
     def __init__(
         self,
@@ -106,6 +107,9 @@ class PowerSGDReducer(DDPReducer):
         # bucket's all-reduce from backward and pair different collectives across ranks
         # (gloo aborts). On CPU the next bucket therefore waits for the last one's chain.
         self._chain: torch.futures.Future | None = None
+
+    def twin(self) -> "PowerSGDReducer":
+        return type(self)(**self.settings, bucket_mb=self.bucket_mb)
 
     @classmethod
     def check_job(cls, cfg: Any, backend: str) -> None:
@@ -225,8 +229,8 @@ class PowerSGDReducer(DDPReducer):
         calibration measures (``Network.software``) shows in a step whose wire time is
         shorter, which these all-reduces of a few KB mostly are; DDP's large steps hide it
         (measured: docs/payoff.md). The hook's arithmetic (matrix products,
-        orthogonalisation, error feedback, copies) is not counted: the P = 1 jobs whose
-        local times the model takes run no hook."""
+        orthogonalisation, error feedback, copies) is not here: a P = 1 job times it
+        (``time_hook_alone``) as its t_compr, which the model adds to the step."""
         return powersgd_time(P, [bucket], net, matrix_approximation_rank, min_compression_rate)
 
     @classmethod

@@ -294,7 +294,7 @@ def powersgd_time(
     """Critical-path time of one step of torch's PowerSGD hook: per bucket, the ring
     all-reduces of the uncompressed tensors, of P and of Q one after the other, each
     ``software_ring_time`` (its latency and software terms), the buckets one after another.
-    Compression arithmetic not counted."""
+    Compression arithmetic not counted (a P = 1 job's t_compr: ``DDPReducer.time_hook_alone``)."""
     return sum(
         software_ring_time(P, n, net)
         for bucket in buckets

@@ -171,13 +171,14 @@ def _meta(t: Tensor) -> Tensor:
     return nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
 
 
-def ddp_layouts(model: nn.Module, input_shape: tuple[int, ...], bucket_mb: float) -> tuple[Layout, Layout]:
+def ddp_layouts(model: nn.Module, input_shape: tuple[int, ...] | None, bucket_mb: float) -> tuple[Layout, Layout]:
     """(first, rebuilt): DDP's buckets in its first backward pass and after it rebuilds
     them (``bucket_cap_mb=bucket_mb``, which also caps the first bucket), for the model's
-    trainable parameters."""
+    trainable parameters. Without an ``input_shape`` the rebuilt buckets follow the reverse
+    of the model's order (DDP's own guess before a pass)."""
     params = [p for p in model.parameters() if p.requires_grad]
     first, _ = dist._compute_bucket_assignment_by_size(params, [sys.maxsize], [False] * len(params))
-    order = ready_order(model, input_shape)
+    order = list(reversed(range(len(params)))) if input_shape is None else ready_order(model, input_shape)
     cap = int(bucket_mb * 1024 * 1024)
     rebuilt, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [cap, cap], [], order)
     return [list(b) for b in reversed(first)], [list(b) for b in rebuilt]
@@ -215,7 +216,7 @@ class HookGroup:
     and their slices of the flat gradient, DDP's bucket layouts, the in-process all-reduce,
     and the steps run since the group was made (a new DDP's first uses the first layout)."""
 
-    def __init__(self, world: int, model: nn.Module, input_shape: tuple[int, ...], bucket_mb: float):
+    def __init__(self, world: int, model: nn.Module, input_shape: tuple[int, ...] | None, bucket_mb: float):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.slices, at = [], 0
         for p in self.params:

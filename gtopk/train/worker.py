@@ -100,6 +100,8 @@ class Worker(Replica):
         self.reducer = instantiate(cfg.reducer)
         self.reducer.diagnostics = cfg.mode == "train"  # rows: update_nnz, residual_norm, lost_l1
         self.net = self.reducer.wrap(self.model)  # DDP wraps; the others return the model
+        if world == 1 and hasattr(self.reducer, "time_hook_alone"):  # PowerSGD: its hook's arithmetic, timed
+            self.reducer.time_hook_alone(self.model, instantiate(cfg.data).sample_shape())
         # how backward runs: DDP's times the all-reduces it runs from its hooks
         self.backward: Backward = getattr(self.reducer, "hooked_backward", None) or Backward()
         self.replicate(cfg, device)

@@ -21,7 +21,7 @@ from tests.distributed.test_ddp_timing import check_accounting
 P, BUCKET_MB = 3, 0.1  # ResNet-20 (0.27 M parameters) in 11 buckets
 
 
-def job(tmp_path, reducer: str) -> tuple[list[dict], int, list]:
+def job(tmp_path, reducer: str, P: int = P) -> tuple[list[dict], int, list]:
     cfg = compose_config(
         [f"reducer={reducer}", f"reducer.bucket_mb={BUCKET_MB}", f"nodes={P}", "device=cpu", "compute=replay"]
         + ["compute.t_compute=0.05", "benchmark.warmup=2", "benchmark.iters=2", "logger.wandb=false"]
@@ -51,3 +51,13 @@ def test_powersgd_records_what_the_hook_compressed_over_many_buckets(tmp_path):
         else:  # Ps, Qs and the small tensors of DDP's rebuilt buckets, as the model counts them
             assert r["payload_bytes"] == 4 * sum(sent) < m
             assert r["messages_sent"] == 2 * (P - 1) * sum(1 for n in sent if n)
+
+
+@pytest.mark.parametrize("reducer", ["powersgd", "ddp"])
+def test_a_one_worker_job_times_the_powersgd_hook_alone(tmp_path, reducer):
+    """One worker runs no DDP and no hook on its update, but its job gives PowerSGD a twin
+    (``time_hook_alone``) whose hook it times every step: t_compr, which the model adds at
+    every P. DDP's hook computes nothing of its own: its t_compr stays 0."""
+    rows, _, _ = job(tmp_path, reducer, P=1)
+    assert len(rows) == 4 and all(r["payload_bytes"] == 0 for r in rows)
+    assert all((r["t_compr"] > 0) == (reducer == "powersgd") for r in rows)

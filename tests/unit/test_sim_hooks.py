@@ -15,7 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 
 from gtopk.simulated.hooks import HookBucket, InProcessAllReduce, VirtualGroup, ddp_layouts, ready_order
 from gtopk.train.models import ResNet20
-from tests.distributed.sim_hooks_training import Setting, model, reducer, simulated_run
+from tests.distributed.sim_hooks_training import INPUT, Setting, model, reducer, simulated_run
 from tests.procs import FAST
 
 
@@ -146,6 +146,29 @@ def test_one_virtual_rank_runs_no_hook():
     run = simulated_run(Setting("powersgd", dtype="float32", steps=3), 1)
     assert run["workers"][0].state is None and run["workers"][0].state_dict() == {}
     assert [r[0]["payload_bytes"] for r in run["records"]] == [0] * 3
+
+
+def test_one_worker_times_powersgds_hook_on_a_twin_and_leaves_its_gradient():
+    """With one worker the update is the gradient (no DDP), but PowerSGD's hook runs on a
+    twin of the reducer, timed as the step's t_compr: from the third step (start 2) it
+    compresses, as the hook of P > 1 ranks does. DDP's own hook computes nothing to time."""
+    setting = Setting("powersgd", {"start_powerSGD_iter": 2}, dtype="float32")
+    net, psgd, ddp = model(setting), reducer(setting), reducer(Setting("ddp_fp16"))
+    for r in (psgd, ddp):
+        assert r.wrap(net) is net
+        r.time_hook_alone(net, INPUT)
+    assert ddp.alone is None and psgd.alone is not None
+    m = sum(p.numel() for p in net.parameters())
+    grad = torch.randn(m, generator=torch.Generator().manual_seed(0))
+    before, twin = grad.clone(), psgd.alone.state
+    for step in range(4):
+        update, rec = psgd.reduce(grad)
+        assert update.equal(before) and grad.equal(before) and rec.payload_bytes == 0
+        assert rec.t_compr > 0
+        assert ddp.reduce(grad)[1].t_compr == 0
+        assert twin.iter == step + 1
+        assert (twin.total_numel_after_compression > 0) == (step >= 2)
+    assert 0 < twin.total_numel_after_compression < 2 * m  # two compressed steps, each under m
 
 
 SIMULATED = ["cluster=simulated", "mode=train", "data=digits", "nodes=4"]
