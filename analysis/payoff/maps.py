@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.payoff.verdict import MODELS, SETUP  # noqa: E402
+from analysis.payoff.verdict import MODELS, SETUP, no_band  # noqa: E402
 from analysis.reducers import reference_display, short  # noqa: E402
 
 GREY = {"no run": 0.80, "budget-limited": 0.72, "not reached": 0.65, "no time": 0.90}
@@ -41,7 +41,7 @@ def cell_text(c: pd.Series) -> str:
     text = f"{name}\nno {reference_display()}" if math.isnan(c["speedup"]) else f"{name}\n{c['speedup']:.2g}x"
     if not c.get("separated", True):
         text += "\n(noise)"
-    elif c.get("min_seeds", 2) < 2:
+    elif no_band(c.get("min_seeds", 2)):
         text += "\n(1 seed)"
     return ("~" if c["borrowed"] else "") + text
 

@@ -29,6 +29,12 @@ STATES = ("budget-limited", "not reached", "no time", "no run")
 LEVEL = 0.005
 
 
+def no_band(seeds):
+    """Whether a comparison with this many seeds on its thinner side (a number or a Series)
+    is a plain one, which no noise band backs: one seed."""
+    return seeds < 2
+
+
 def spread(g: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """(fastest, slowest) time to target of each row over its seeds (the time itself where
     the table has no spread columns)."""
@@ -136,7 +142,7 @@ def _seeds(both: pd.DataFrame) -> str:
     """``" (3 seeds)"``, or where a reducer had one seed ``" (up to 3 seeds; one seed at P = 4:
     no noise band)"``: that P's verdict is a plain comparison."""
     most = int(both["seeds"].max())
-    single = both.loc[both["min_seeds"] < 2, "nodes"]  # fastest() sets it on every cell with a time
+    single = both.loc[no_band(both["min_seeds"]), "nodes"]  # fastest() sets it on every cell with a time
     if single.empty:
         return f" ({most} seeds)" if most > 1 else ""
     return f" ({f'up to {most} seeds; ' if most > 1 else ''}one seed at P = {_ps(single)}: no noise band)"

@@ -20,7 +20,7 @@ import math
 
 import pandas as pd
 
-from analysis.payoff.verdict import SETUP, spread
+from analysis.payoff.verdict import SETUP, no_band, spread
 from analysis.reducers import display, payoff_baselines
 
 KEYS = SETUP + ["nodes", "network", "compute_profile", "target"]
@@ -53,7 +53,7 @@ def versus(best: pd.DataFrame) -> pd.DataFrame:
                 if why is None:
                     i, j = mine.name, b.name
                     word = "sooner" if hi[i] < lo[j] else "later" if hi[j] < lo[i] else "within the noise"
-                    if word != "within the noise" and min(mine["seeds"], b["seeds"]) < 2:
+                    if word != "within the noise" and no_band(min(mine["seeds"], b["seeds"])):
                         word += ", one seed: no noise band"
                     row.update(ratio=b["time_to_target"] / mine["time_to_target"], verdict=word)
                 else:
