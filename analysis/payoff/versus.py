@@ -6,9 +6,11 @@ reducer that is not a payoff baseline (at its best trained density: ``payoff_bes
 against each payoff baseline (``analysis.reducers.payoff_baselines``: DDP, DDP-fp16, PowerSGD)
 that has a row there. ``ratio`` = the baseline's time to target / the reducer's (above 1: the
 reducer is sooner); ``verdict`` says it only where it holds across the seeds (as
-``analysis.payoff.verdict``): ``sooner`` where the reducer's slowest seed beats the baseline's
-fastest, ``later`` the other way round, else ``within the noise`` (with one seed on either side
-the plain comparison, its ``sooner`` or ``later`` marked ``, one seed: no noise band``); where either has no time,
+``analysis.payoff.verdict``): ``level`` where the two times are within ``verdict.LEVEL`` of each
+other (dense against DDP: the same runs, t_iter apart by microseconds), else ``sooner`` where the
+reducer's slowest seed beats the baseline's fastest, ``later`` the other way round, else ``within
+the noise`` (with one seed on either side the plain comparison, its ``sooner`` or ``later`` marked
+``, one seed: no noise band``); where either has no time,
 the status that says why (``Top-k budget-limited``, ``PowerSGD no run``). ``t_iter_source`` and
 ``baseline_t_iter_source``: measured (a benchmark job, e.g. ``make validate-model``'s) or
 modelled. Pure functions of payoff's tables; nothing here is collective.
@@ -20,7 +22,7 @@ import math
 
 import pandas as pd
 
-from analysis.payoff.verdict import SETUP, no_band, spread
+from analysis.payoff.verdict import LEVEL, SETUP, no_band, spread
 from analysis.reducers import display, payoff_baselines
 
 KEYS = SETUP + ["nodes", "network", "compute_profile", "target"]
@@ -52,10 +54,13 @@ def versus(best: pd.DataFrame) -> pd.DataFrame:
                 why = _state(mine) or _state(b)
                 if why is None:
                     i, j = mine.name, b.name
+                    ratio = b["time_to_target"] / mine["time_to_target"]
                     word = "sooner" if hi[i] < lo[j] else "later" if hi[j] < lo[i] else "within the noise"
-                    if word != "within the noise" and no_band(min(mine["seeds"], b["seeds"])):
+                    if abs(ratio - 1) < LEVEL:
+                        word = f"level (within {LEVEL:.1%})"
+                    elif word != "within the noise" and no_band(min(mine["seeds"], b["seeds"])):
                         word += ", one seed: no noise band"
-                    row.update(ratio=b["time_to_target"] / mine["time_to_target"], verdict=word)
+                    row.update(ratio=ratio, verdict=word)
                 else:
                     row.update(ratio=math.nan, verdict=why)
                 rows.append(row)

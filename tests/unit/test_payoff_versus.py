@@ -71,6 +71,23 @@ def test_one_seed_on_either_side_is_a_plain_comparison_and_says_so():
     assert vs[(32, 0.1)] == "sooner"
 
 
+def test_times_within_the_level_band_are_level_whatever_the_seeds_say():
+    best = pd.DataFrame(
+        [
+            # dense against DDP: the same runs, so the seeds' spreads separate by microseconds
+            best_row("dense", 32, 0.1, 100.0, 99.0, 101.0),
+            best_row("ddp", 32, 0.1, 100.09, 99.09, 101.09),
+            best_row("dense", 4, 0.1, 100.0, 100.0, 100.0, seeds=1),
+            best_row("ddp", 4, 0.1, 99.8, 99.8, 99.8, seeds=1),  # 0.2 % sooner: level too
+            best_row("dense", 16, 0.1, 100.0, 100.0, 100.0),
+            best_row("ddp", 16, 0.1, 100.6, 100.6, 100.6),  # 0.6 %: outside the band, a verdict
+        ]
+    )
+    vs = versus.versus(best).set_index("nodes")["verdict"]
+    assert vs[32] == vs[4] == "level (within 0.5%)"
+    assert vs[16] == "sooner"
+
+
 @pytest.mark.slow
 def test_each_reducer_against_each_baseline_across_the_seeds(records):  # noqa: F811
     train_job(records["runs"], "gtopk", 4, curve=[0.45, 0.75, 0.90, 0.915], seed=1)  # 40 iterations; seed 0: 30
