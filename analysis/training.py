@@ -94,14 +94,16 @@ def iterations_by_epoch(rows: Iterable[dict]) -> dict[int, int]:
 
 
 def own_overheads(d: RunDir, summary: dict | None = None) -> dict:
-    """Medians of t_data, t_compr and the rest of the step over every rank's post-warm-up
-    rows at the run's final density (the density warm-up epochs select more entries). The
+    """Medians of t_data, t_compr and the rest of the step over rank 0's post-warm-up rows
+    at the run's final density (the density warm-up epochs select more entries): rank 0's
+    only, because an archived run keeps rank 0's rows alone (``gtopk.records.archive``), so
+    a run folder and its restored archive give the same overheads, and so the same payoff. The
     rest is t_iter less the named parts, except in a simulated run (``cluster=simulated``),
     whose t_iter is the step of all P ranks: there it is the rows' ``t_update``, the step's
     aggregation and SGD step (t_iter less one rank's parts would count the other P - 1
     ranks' gradients as overhead). ``summary``: the run's, when the
     caller has read it."""
-    rows = [r for p in d.all_iters() for r in read_jsonl(p) if not r.get("warmup") and "t_iter" in r]
+    rows = [r for r in read_jsonl(d.iters(0)) if not r.get("warmup") and "t_iter" in r]
     if not rows:
         return {}
     final = rows[-1].get("density")

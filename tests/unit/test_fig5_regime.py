@@ -178,3 +178,26 @@ def test_a_simulated_runs_overheads_are_its_shared_step_not_the_other_ranks_grad
     assert own_overheads(simulated) == pytest.approx({"t_data": 0.001, "t_compr": 0.002, "t_update": 0.004})
     real = _run_with_steps(tmp_path / "real", "gloo", [{**step, "t_commu": 0.01, "t_update": 0.9, "t_iter": 0.07}] * 3)
     assert own_overheads(real)["t_update"] == pytest.approx(0.07 - 0.001 - 0.05 - 0.002 - 0.01)
+
+
+def test_overheads_are_rank_0s_so_a_run_and_its_archive_agree(tmp_path):
+    """The archive keeps rank 0's rows alone: overheads from every rank's rows would change
+    when a published payoff is made again from the restored archive."""
+    from analysis.training import own_overheads
+    from gtopk.records import archive
+    from gtopk.simulated.ranks import BACKEND
+
+    step = {"t_data": 0.001, "t_compute": 0.05, "t_commu": 0.0, "t_iter": 0.2}
+    run = _run_with_steps(tmp_path / "runs" / "job", BACKEND, [{**step, "t_compr": 0.002, "t_update": 0.004}] * 3)
+    other = [
+        {"iter": i, "warmup": False, "density": 0.001, **step, "t_compr": 0.009, "t_update": 0.008} for i in range(3)
+    ]
+    (run.path / "iters.rank1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in other * 2))
+    (run.path / "summary.json").write_text(json.dumps({"backend": BACKEND, "iterations": 3}))
+    (run.path / "config.yaml").write_text("name: job\n")
+    assert own_overheads(run) == pytest.approx({"t_data": 0.001, "t_compr": 0.002, "t_update": 0.004})
+    archive.save(tmp_path / "runs", tmp_path / "archive")
+    archive.restore(tmp_path / "archive", tmp_path / "restored")
+    restored = RunDir(tmp_path / "restored" / "job")
+    assert not restored.iters(1).exists()  # the archive dropped rank 1's rows ...
+    assert own_overheads(restored) == own_overheads(run)  # ... and the overheads did not move
